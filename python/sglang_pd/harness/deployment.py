@@ -1,0 +1,191 @@
+"""A PD deployment on 127.0.0.1: prefill + N decode (+ optional plain server and router)."""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import requests
+
+from sglang_pd.harness.cpu_env import cpu_server_args, server_env
+from sglang_pd.harness.server import ServerProcess, ServerStartError, free_port
+from sglang_pd.models import DEFAULT_MODEL, ensure_model_dir
+
+TRANSFER_BACKENDS = ("mooncake_tcp", "nixl")
+
+
+@dataclass(frozen=True)
+class DeploymentConfig:
+    """What to start. Sizes default to what 2 CPU cores and the tiny model handle comfortably."""
+
+    model: str = DEFAULT_MODEL
+    page_size: int = 1
+    transfer_backend: str = "mooncake_tcp"
+    decode_radix: bool = True
+    num_decode: int = 1
+    with_plain: bool = False
+    with_router: bool = False
+    router_args: tuple[str, ...] = ()
+    prefill_max_total_tokens: int = 16384
+    decode_max_total_tokens: int = 8192
+    num_reserved_decode_tokens: int = 64
+    extra_prefill_args: tuple[str, ...] = ()
+    extra_decode_args: tuple[str, ...] = ()
+    startup_timeout_s: float = 420.0
+    log_dir: Path | None = None
+    env_overrides: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+
+    def __post_init__(self):
+        if self.transfer_backend not in TRANSFER_BACKENDS:
+            raise ValueError(f"transfer_backend {self.transfer_backend!r} not in {TRANSFER_BACKENDS}")
+        if self.page_size < 1 or self.num_decode < 1:
+            raise ValueError(f"page_size ({self.page_size}) and num_decode ({self.num_decode}) must be >= 1")
+
+
+def new_bootstrap_room(rng: random.Random | None = None) -> int:
+    """A random bootstrap room id (63-bit, as SGLang's router uses)."""
+    return (rng or random).randrange(1, 2**63 - 1)
+
+
+class PDDeployment:
+    """Starts the configured servers (context manager); `stop()` ends exactly what it started."""
+
+    def __init__(self, config: DeploymentConfig = DeploymentConfig()):
+        self.config = config
+        self.log_dir = Path(config.log_dir or tempfile.mkdtemp(prefix="sglang_pd-"))
+        self.model_dir = ensure_model_dir(config.model)
+        self.bootstrap_port = free_port()
+        self.env = server_env()
+        self.env.update(dict(config.env_overrides))
+        self.prefill = self._server("prefill", self._prefill_args())
+        self.decodes = [self._server(f"decode{i}", self._decode_args()) for i in range(config.num_decode)]
+        self.plain = self._server("plain", self._plain_args()) if config.with_plain else None
+        self.router: ServerProcess | None = None
+
+    # ---- argv -------------------------------------------------------------------------------------
+    def _common_args(self, max_total_tokens: int) -> list[str]:
+        return ["--model-path", str(self.model_dir), "--load-format", "dummy", "--skip-tokenizer-init",
+                "--host", "127.0.0.1", "--page-size", str(self.config.page_size),
+                "--max-total-tokens", str(max_total_tokens), "--log-level", "warning",
+                *cpu_server_args()]
+
+    def _prefill_args(self) -> list[str]:
+        return [*self._common_args(self.config.prefill_max_total_tokens), "--disaggregation-mode", "prefill",
+                "--disaggregation-transfer-backend", self.config.transfer_backend,
+                "--disaggregation-bootstrap-port", str(self.bootstrap_port),
+                *self.config.extra_prefill_args]
+
+    def _decode_args(self) -> list[str]:
+        radix = (["--disaggregation-decode-enable-radix-cache"] if self.config.decode_radix
+                 else ["--disaggregation-decode-retraction-backup", "cpu_tensor"])
+        return [*self._common_args(self.config.decode_max_total_tokens), "--disaggregation-mode", "decode",
+                "--disaggregation-transfer-backend", self.config.transfer_backend,
+                "--num-reserved-decode-tokens", str(self.config.num_reserved_decode_tokens),
+                *radix, *self.config.extra_decode_args]
+
+    def _plain_args(self) -> list[str]:
+        return self._common_args(self.config.decode_max_total_tokens)
+
+    def _server(self, name: str, args: list[str]) -> ServerProcess:
+        port = free_port()
+        argv = [sys.executable, "-m", "sglang.launch_server", *args, "--port", str(port)]
+        return ServerProcess(name, argv, self.env, port, self.log_dir)
+
+    # ---- lifecycle --------------------------------------------------------------------------------
+    @property
+    def servers(self) -> list[ServerProcess]:
+        """Every SGLang server of this deployment (router excluded)."""
+        return [self.prefill, *self.decodes, *([self.plain] if self.plain else [])]
+
+    def start(self) -> "PDDeployment":
+        """Start all servers together, wait for health, then the router. Stops all on failure."""
+        deadline = time.monotonic() + self.config.startup_timeout_s
+        try:
+            for server in self.servers:
+                server.start()
+            with cf.ThreadPoolExecutor(len(self.servers)) as pool:
+                for fut in [pool.submit(s.wait_healthy, deadline) for s in self.servers]:
+                    fut.result()
+            if self.config.with_router:
+                self.router = self._start_router(deadline)
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _start_router(self, deadline: float) -> ServerProcess:
+        port = free_port()
+        argv = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
+                "--host", "127.0.0.1", "--port", str(port),
+                "--prefill", self.prefill.url, str(self.bootstrap_port),
+                *[a for d in self.decodes for a in ("--decode", d.url)],
+                "--log-level", "warn", *self.config.router_args]
+        router = ServerProcess("router", argv, self.env, port, self.log_dir)
+        router.start()
+        router.wait_healthy(deadline)
+        return router
+
+    def stop(self) -> None:
+        """Stop the router and every server this deployment started (in parallel)."""
+        procs = [p for p in [self.router, *self.servers] if p is not None]
+        with cf.ThreadPoolExecutor(len(procs)) as pool:
+            list(pool.map(lambda p: p.stop(), procs))
+
+    def __enter__(self) -> "PDDeployment":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def check_alive(self) -> None:
+        """Raise ServerStartError naming any server (or router) that has exited."""
+        for proc in [p for p in [self.router, *self.servers] if p is not None]:
+            if not proc.is_running():
+                raise ServerStartError(f"{proc.name} is not running; see {proc.log_path}")
+
+    # ---- requests ---------------------------------------------------------------------------------
+    @staticmethod
+    def generate(url: str, input_ids: list[int], max_new_tokens: int = 8, timeout: float = 300,
+                 **extra) -> dict:
+        """POST /generate (greedy) with `input_ids`; returns the JSON body, raising on HTTP errors."""
+        body = {"input_ids": input_ids, "return_logprob": False,
+                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0,
+                                    "ignore_eos": True}, **extra}
+        resp = requests.post(url + "/generate", json=body, timeout=timeout)
+        resp.raise_for_status()
+        return resp.json()
+
+    def generate_pd(self, input_ids: list[int], max_new_tokens: int = 8, decode_index: int = 0,
+                    room: int | None = None, timeout: float = 300) -> tuple[dict, dict, int]:
+        """Send the request to prefill and decode paired by a bootstrap room, as a router does.
+
+        Returns (prefill_body, decode_body, room).
+        """
+        room = new_bootstrap_room() if room is None else room
+        pairing = {"bootstrap_host": "127.0.0.1", "bootstrap_port": self.bootstrap_port,
+                   "bootstrap_room": room}
+        with cf.ThreadPoolExecutor(2) as pool:
+            fp = pool.submit(self.generate, self.prefill.url, input_ids, max_new_tokens, timeout, **pairing)
+            fd = pool.submit(self.generate, self.decodes[decode_index].url, input_ids, max_new_tokens,
+                             timeout, **pairing)
+            return fp.result(), fd.result(), room
+
+    @staticmethod
+    def get_json(url: str, path: str, timeout: float = 30) -> dict:
+        """GET `path` on a server and return its JSON body."""
+        resp = requests.get(url + path, timeout=timeout)
+        resp.raise_for_status()
+        return resp.json()
+
+    def prefill_rooms(self) -> dict[int, dict]:
+        """Prefill's transfer record per bootstrap room (decode_prefix_len that reached it, pages)."""
+        stats = self.get_json(self.prefill.url, "/sglang_pd/stats")
+        rooms: dict[int, dict] = {}
+        for sched in stats["schedulers"]:
+            rooms.update({int(k): v for k, v in sched["prefill_transfer"]["rooms"].items()})
+        return rooms

@@ -1,0 +1,106 @@
+"""One child server process: started in its own process group, health-waited, stopped by PID."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import requests
+
+
+class ServerStartError(RuntimeError):
+    """A server exited or did not become healthy in time; the message carries its log tail."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def log_tail(path: Path, num_lines: int = 40) -> str:
+    """The last `num_lines` lines of a log file ('' if it does not exist)."""
+    if not path.exists():
+        return ""
+    return "\n".join(path.read_text(errors="replace").splitlines()[-num_lines:])
+
+
+class ServerProcess:
+    """A command run as a child in a new session (so its whole process tree is one group).
+
+    `start()` launches, `wait_healthy()` polls `health_path`, `stop()` ends exactly this group.
+    """
+
+    def __init__(self, name: str, argv: list[str], env: dict, port: int, log_dir: Path,
+                 health_path: str = "/health"):
+        self.name = name
+        self.argv = argv
+        self.env = env
+        self.port = port
+        self.log_path = Path(log_dir) / f"{name}.log"
+        self.health_path = health_path
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        """Base URL on loopback."""
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        """Launch the process (output to its log file). Raises if already started."""
+        if self.proc is not None:
+            raise RuntimeError(f"{self.name} already started (pid {self.proc.pid})")
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "ab") as log:
+            log.write(("$ " + " ".join(self.argv) + "\n").encode())
+            self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def is_running(self) -> bool:
+        """True while the launched process has not exited."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_healthy(self, deadline: float) -> None:
+        """Block until GET health_path answers 200 or `deadline` (time.monotonic()) passes.
+
+        Raises ServerStartError with the log tail if the process exits or time runs out.
+        """
+        while True:
+            if not self.is_running():
+                raise ServerStartError(f"{self.name} exited with {self.proc.returncode if self.proc else None}"
+                                       f"; log {self.log_path}:\n{log_tail(self.log_path)}")
+            try:
+                if requests.get(self.url + self.health_path, timeout=5).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            if time.monotonic() > deadline:
+                raise ServerStartError(f"{self.name} not healthy in time; log {self.log_path}:\n"
+                                       f"{log_tail(self.log_path)}")
+            time.sleep(1.0)
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        """SIGTERM this process group, SIGKILL it after `grace_s`; safe to call twice."""
+        if self.proc is None or self.proc.poll() is not None:
+            self._kill_group(signal.SIGKILL)  # reap stragglers a dead leader may have left
+            return
+        self._kill_group(signal.SIGTERM)
+        try:
+            self.proc.wait(timeout=grace_s)
+        except subprocess.TimeoutExpired:
+            pass
+        self._kill_group(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+
+    def _kill_group(self, sig: int) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)  # the group id is the child's pid (new session)
+        except (ProcessLookupError, PermissionError):
+            pass

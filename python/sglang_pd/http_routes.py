@@ -1,0 +1,56 @@
+"""HTTP endpoints sglang_pd adds to SGLang's FastAPI app (served on the server's own port).
+
+GET /sglang_pd/info  -> version, role, hooks applied in the HTTP and scheduler processes.
+GET /sglang_pd/stats -> the scheduler-side state (prefill transfer log, ...).
+"""
+
+from __future__ import annotations
+
+import sglang_pd
+from sglang_pd.process_state import STATE
+from sglang_pd.srt.scheduler_hooks import INTERNAL_STATE_KEY
+
+INFO_PATH = "/sglang_pd/info"
+STATS_PATH = "/sglang_pd/stats"
+
+
+async def _scheduler_states() -> list[dict]:
+    from sglang.srt.entrypoints.http_server import get_global_state
+
+    states = await get_global_state().tokenizer_manager.get_internal_state()
+    return [s.get(INTERNAL_STATE_KEY, {}) for s in states]
+
+
+def _role() -> str:
+    from sglang.srt.entrypoints.http_server import get_global_state
+
+    mode = get_global_state().tokenizer_manager.server_args.disaggregation_mode
+    return str(getattr(mode, "value", mode))
+
+
+async def info() -> dict:
+    """Plugin version, this server's role and every hook sglang_pd applied."""
+    schedulers = await _scheduler_states()
+    return {
+        "name": "sglang_pd",
+        "version": sglang_pd.__version__,
+        "sglang_version": sglang_pd.SUPPORTED_SGLANG_VERSION,
+        "role": _role(),
+        "http_hooks": STATE.patched_hooks(),
+        "scheduler_hooks": [s.get("applied_hooks", []) for s in schedulers],
+    }
+
+
+async def stats() -> dict:
+    """Scheduler-side counters of every DP rank."""
+    return {"role": _role(), "schedulers": await _scheduler_states()}
+
+
+def before_launch_server(*args, **kwargs):
+    """Mount our routes on SGLang's app before it starts serving."""
+    from sglang.srt.entrypoints.http_server import app
+
+    existing = {getattr(r, "path", None) for r in app.routes}
+    if INFO_PATH not in existing:
+        app.add_api_route(INFO_PATH, info, methods=["GET"])
+        app.add_api_route(STATS_PATH, stats, methods=["GET"])

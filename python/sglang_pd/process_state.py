@@ -1,0 +1,69 @@
+"""Per-process state of sglang_pd: which hooks this process applied and the objects hooks own.
+
+Each SGLang process (HTTP server, scheduler, detokenizer) loads the plugin separately, so each has
+its own `STATE`. The scheduler's part reaches the HTTP process through SGLang's own
+get_internal_state round trip (see `srt/scheduler_hooks.py`), never through shared files.
+"""
+
+from __future__ import annotations
+
+import enum
+import inspect
+from dataclasses import dataclass, field
+
+from sglang_pd.srt.disaggregation.prefill_transfer_log import PrefillTransferLog
+
+
+class ProcessKind(str, enum.Enum):
+    """Which SGLang process the plugin was loaded in."""
+
+    HTTP = "http"
+    SCHEDULER = "scheduler"
+    DETOKENIZER = "detokenizer"
+    DP_CONTROLLER = "dp_controller"
+
+
+# The SGLang function that calls load_plugins() in each subprocess; anything else is the main
+# (HTTP / engine) process.
+_ENTRY_FUNCTIONS = {
+    "run_scheduler_process": ProcessKind.SCHEDULER,
+    "run_detokenizer_process": ProcessKind.DETOKENIZER,
+    "run_data_parallel_controller_process": ProcessKind.DP_CONTROLLER,
+}
+
+
+def detect_process_kind() -> ProcessKind:
+    """Classify the current process from the call stack of load_plugins()."""
+    for frame in inspect.stack(0):
+        kind = _ENTRY_FUNCTIONS.get(frame.function)
+        if kind is not None:
+            return kind
+    return ProcessKind.HTTP
+
+
+@dataclass
+class ProcessState:
+    """What sglang_pd holds in one process. Mutated only by plugin registration and hooks."""
+
+    kind: ProcessKind | None = None
+    applied_hooks: list[str] = field(default_factory=list)
+    refused_reason: str | None = None
+    prefill_log: PrefillTransferLog = field(default_factory=PrefillTransferLog)
+
+    def patched_hooks(self) -> list[str]:
+        """Registered hooks whose target SGLang's HookRegistry really patched (read-only)."""
+        from sglang.srt.plugins.hook_registry import HookRegistry
+
+        return [h for h in self.applied_hooks if h.split(" ", 1)[1] in HookRegistry._patched]
+
+    def snapshot(self) -> dict:
+        """JSON-able view of this process's state (read-only)."""
+        return {
+            "process": self.kind.value if self.kind else None,
+            "applied_hooks": self.patched_hooks(),
+            "refused_reason": self.refused_reason,
+            "prefill_transfer": self.prefill_log.snapshot(),
+        }
+
+
+STATE = ProcessState()

@@ -1,0 +1,1 @@
+"""Decode admission, prefill transfer planning/recording, transport helpers, metrics."""

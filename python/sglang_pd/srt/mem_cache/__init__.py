@@ -1,0 +1,1 @@
+"""Page math, lock ledger and prefix-admission helpers (no SGLang server needed to test them)."""

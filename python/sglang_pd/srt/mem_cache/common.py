@@ -1,0 +1,64 @@
+"""Page math shared by decode admission and prefill transfer planning.
+
+All lengths are token counts; all functions are pure (no mutation) and raise ValueError on
+arguments that cannot describe a KV layout (page_size < 1, negative lengths).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+
+def _check_page_size(page_size: int) -> None:
+    if page_size < 1:
+        raise ValueError(f"page_size must be >= 1, got {page_size}")
+
+
+def page_align_floor(num_tokens: int, page_size: int) -> int:
+    """Largest multiple of `page_size` that is <= `num_tokens`."""
+    _check_page_size(page_size)
+    if num_tokens < 0:
+        raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+    return num_tokens - num_tokens % page_size
+
+
+def kv_to_page_num(num_tokens: int, page_size: int) -> int:
+    """Pages needed to hold `num_tokens` tokens (ceil division)."""
+    _check_page_size(page_size)
+    if num_tokens < 0:
+        raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+    return -(-num_tokens // page_size)
+
+
+def kv_to_page_indices(kv_indices: Sequence[int], page_size: int) -> list[int]:
+    """Page index of every page touched by a page-aligned run of token slots.
+
+    `kv_indices` are token slot ids laid out page by page (slot = page * page_size + offset), as the
+    paged allocator hands them out; the first slot of each page gives its page id.
+    """
+    _check_page_size(page_size)
+    return [int(kv_indices[i]) // page_size for i in range(0, len(kv_indices), page_size)]
+
+
+def num_pages_to_transfer(prompt_len: int, decode_prefix_len: int, page_size: int) -> int:
+    """KV pages prefill must send: ceil((prompt_len - decode_prefix_len) / page_size).
+
+    Raises ValueError when `decode_prefix_len` is negative, not page-aligned or exceeds `prompt_len`
+    (such a value can only come from a broken or hostile decode peer).
+    """
+    check_decode_prefix_len(decode_prefix_len, prompt_len, page_size)
+    return kv_to_page_num(prompt_len - decode_prefix_len, page_size)
+
+
+def check_decode_prefix_len(decode_prefix_len: int, prompt_len: int, page_size: int) -> None:
+    """Raise ValueError naming the problem unless 0 <= decode_prefix_len <= prompt_len, page-aligned."""
+    _check_page_size(page_size)
+    if not isinstance(decode_prefix_len, int) or isinstance(decode_prefix_len, bool):
+        raise ValueError(f"decode_prefix_len must be an int, got {type(decode_prefix_len).__name__}")
+    if decode_prefix_len < 0:
+        raise ValueError(f"decode_prefix_len {decode_prefix_len} is negative")
+    if decode_prefix_len > prompt_len:
+        raise ValueError(f"decode_prefix_len {decode_prefix_len} exceeds the prompt length {prompt_len}")
+    if decode_prefix_len % page_size:
+        raise ValueError(
+            f"decode_prefix_len {decode_prefix_len} is not aligned to page size {page_size}")

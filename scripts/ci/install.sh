@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Fresh-machine set-up for the CPU stack (idempotent; a warm run only re-checks and exits).
+# usage: scripts/ci/install.sh [VENV]   (default: .venv in the repo root)
+# Builds a venv with CPU torch 2.13.0, sglang 0.5.23 without its CUDA deps plus what it imports,
+# nixl (host memory), mooncake-transfer-engine-non-cuda, sglang-router, and this project editable.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+V=${1:-$ROOT/.venv}
+STAMP="$V/.sglang_pd_install_v1"
+export PIP_DISABLE_PIP_VERSION_CHECK=1
+PY="$V/bin/python"
+
+if [ -f "$STAMP" ] && "$PY" -c "import sglang_pd, sglang, nixl, torchvision, sgl_kernel" 2>/dev/null; then
+  echo "install.sh: $V already complete"; exit 0
+fi
+
+# Debian libibverbs1: mooncake's transfer engine links against it even in TCP mode.
+if ! ldconfig -p | grep -q libibverbs.so.1; then
+  if command -v apt-get >/dev/null; then
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq libibverbs1) >/dev/null
+  else
+    echo "install.sh: libibverbs1 is missing and apt-get is not available" >&2; exit 1
+  fi
+fi
+
+[ -x "$PY" ] || python3 -m venv "$V"
+"$V/bin/pip" install -q --upgrade pip "setuptools>=68" wheel
+# The machine ships a CPU build of torch 2.13.0 that pip picks up by exact version.
+"$V/bin/pip" install -q torch==2.13.0
+# Without deps: their declared deps pull a CUDA torch and several GB of CUDA wheels.
+"$V/bin/pip" install -q --no-deps "sglang==0.5.23" "torchvision==0.28.0" "nixl==1.5.1" "nixl-cu13==1.5.1"
+# What sglang really imports to serve (triton only because many modules import it at top level).
+"$V/bin/pip" install -q torch==2.13.0 triton "sglang-router==0.3.2" aiohttp fastapi "uvicorn>=0.51" uvloop orjson \
+  pydantic "pyzmq>=25.1.2" psutil requests numpy "transformers==5.19.0" "tokenizers==0.23.2" safetensors msgspec \
+  setproctitle "prometheus-client>=0.20.0" python-multipart pybase64 packaging tqdm einops xxhash interegular \
+  partial_json_parser regex "sentencepiece==0.2.1" "openai==2.8.0" "openai-harmony==0.0.4" pillow scipy zstandard \
+  watchfiles distro "python-dateutil<3" "blobfile==3.0.0" tiktoken ninja "compressed-tensors==0.18.0" IPython dill \
+  "apache-tvm-ffi==0.1.11" gguf jsonschema "xgrammar==0.2.7" "soundfile==0.13.1" mooncake-transfer-engine-non-cuda \
+  pytest pytest-timeout 2>&1 | grep -v "is ignored: it is neither\|dependency resolver\|requires torch\|requires\b.*but you have\|^\s*$" || true
+
+# PyPI torchvision is a CUDA build: two unguarded fake-op registrations break `import torchvision` on CPU.
+TV=$("$PY" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')/torchvision/_meta_registrations.py
+sed -i 's|^@torch.library.register_fake("torchvision::\(q\?nms\)")|@(torch.library.register_fake("torchvision::\1") if torchvision.extension._has_ops() else (lambda f: f))|' "$TV"
+
+# This project, editable, without deps (its pinned deps are installed above in their CPU form).
+"$V/bin/pip" install -q --no-deps --no-build-isolation -e "$ROOT"
+# CPU venv only: make the project's pure-torch `sgl_kernel` stand-in importable (GPU installs use the real one).
+SITE=$("$PY" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')
+echo "$ROOT/python/sglang_pd/cpu_kernels" > "$SITE/sglang_pd_cpu_kernels.pth"
+"$PY" -c "import torch, torchvision, sglang.launch_server, nixl, sgl_kernel, sglang_pd; print('install.sh: ok torch', torch.__version__)"
+touch "$STAMP"

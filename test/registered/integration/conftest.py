@@ -1,0 +1,51 @@
+"""Session-wide real deployments: started once, shared by every integration test, stopped by PID.
+
+`pd_page1`: prefill + decode (radix on) + plain server + router, page size 1 (mooncake_tcp).
+`pd_page16`: prefill + decode (radix on), page size 16; compared against `pd_page1`'s plain server
+(a plain server's greedy output does not depend on the KV page size).
+"""
+
+import os
+from pathlib import Path
+
+import pytest
+
+from sglang_pd.harness import DeploymentConfig, PDDeployment
+
+LOG_ROOT = Path(os.environ.get("SGLANG_PD_TEST_LOGS", "/tmp/sglang_pd-test-logs"))
+
+_started: dict[str, PDDeployment] = {}
+
+
+def _deployment(name: str, config: DeploymentConfig) -> PDDeployment:
+    if name not in _started:
+        _started[name] = PDDeployment(config).start()
+    return _started[name]
+
+
+@pytest.fixture(scope="session")
+def pd_page1() -> PDDeployment:
+    return _deployment("page1", DeploymentConfig(page_size=1, with_plain=True, with_router=True,
+                                                 log_dir=LOG_ROOT / "page1"))
+
+
+@pytest.fixture(scope="session")
+def pd_page16() -> PDDeployment:
+    return _deployment("page16", DeploymentConfig(page_size=16, log_dir=LOG_ROOT / "page16"))
+
+
+@pytest.fixture(params=[1, 16], ids=["page1", "page16"])
+def pd(request) -> PDDeployment:
+    """Each PD deployment in turn (parametrized over page size)."""
+    return request.getfixturevalue(f"pd_page{request.param}")
+
+
+@pytest.fixture(scope="session")
+def plain_url(pd_page1) -> str:
+    return pd_page1.plain.url
+
+
+def pytest_sessionfinish(session, exitstatus):
+    for dep in _started.values():
+        dep.stop()
+    _started.clear()

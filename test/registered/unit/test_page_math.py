@@ -1,0 +1,59 @@
+"""Page math edge cases: page size 1, exact multiples, empty, full hit, bad input."""
+
+import pytest
+
+from sglang_pd.srt.mem_cache.common import (
+    check_decode_prefix_len,
+    kv_to_page_indices,
+    kv_to_page_num,
+    num_pages_to_transfer,
+    page_align_floor,
+)
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("tokens,page,expected", [
+    (0, 1, 0), (7, 1, 7), (0, 16, 0), (15, 16, 0), (16, 16, 16), (17, 16, 16), (47, 16, 32), (48, 16, 48),
+])
+def test_page_align_floor(tokens, page, expected):
+    assert page_align_floor(tokens, page) == expected
+
+
+@pytest.mark.parametrize("tokens,page,expected", [
+    (0, 1, 0), (5, 1, 5), (0, 16, 0), (1, 16, 1), (16, 16, 1), (17, 16, 2), (32, 16, 2), (33, 16, 3),
+])
+def test_kv_to_page_num(tokens, page, expected):
+    assert kv_to_page_num(tokens, page) == expected
+
+
+def test_kv_to_page_indices_paged_layout():
+    # Two full pages (ids 3 and 7) and a partial third (id 1) of page size 4.
+    slots = [12, 13, 14, 15, 28, 29, 30, 31, 4, 5]
+    assert kv_to_page_indices(slots, 4) == [3, 7, 1]
+    assert kv_to_page_indices(slots, 1) == slots
+    assert kv_to_page_indices([], 16) == []
+
+
+@pytest.mark.parametrize("prompt,prefix,page,expected", [
+    (40, 0, 1, 40), (58, 48, 1, 10), (64, 64, 16, 0), (65, 64, 16, 1), (100, 96, 16, 1), (100, 0, 16, 7),
+])
+def test_num_pages_to_transfer(prompt, prefix, page, expected):
+    assert num_pages_to_transfer(prompt, prefix, page) == expected
+
+
+@pytest.mark.parametrize("prefix,prompt,page,message", [
+    (8, 40, 16, "not aligned to page size 16"),
+    (48, 40, 16, "exceeds the prompt length 40"),
+    (-16, 40, 16, "is negative"),
+    (1.5, 40, 1, "must be an int"),
+])
+def test_check_decode_prefix_len_rejects(prefix, prompt, page, message):
+    with pytest.raises(ValueError, match=message):
+        check_decode_prefix_len(prefix, prompt, page)
+
+
+def test_bad_page_size_rejected():
+    for fn in (page_align_floor, kv_to_page_num):
+        with pytest.raises(ValueError, match="page_size must be >= 1"):
+            fn(4, 0)

@@ -1,0 +1,94 @@
+"""The plugin seam: entry point discovery, per-process hook sets, version refusal, hook table health."""
+
+import importlib
+import inspect
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from sglang_pd.hooks import HOOK_TABLE, hooks_for
+from sglang_pd.process_state import ProcessKind
+
+pytestmark = pytest.mark.unit
+
+
+def _resolve(target: str):
+    parts = target.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ImportError(target)
+
+
+@pytest.mark.parametrize("spec", HOOK_TABLE, ids=lambda s: s.target.rsplit(".", 2)[-2] + "." + s.target.rsplit(".", 1)[-1])
+def test_every_hook_target_resolves_and_signatures_line_up(spec):
+    target = _resolve(spec.target)
+    assert callable(target)
+    assert spec.why, "every hook states why it exists"
+    target_params = list(inspect.signature(target).parameters)
+    hook_params = list(inspect.signature(spec.fn).parameters)
+    if spec.hook_type in ("AFTER", "AROUND"):
+        hook_params = hook_params[1:]  # result / original come first
+    if any(p.startswith("*") for p in map(str, inspect.signature(spec.fn).parameters.values())):
+        return  # a *args hook accepts any signature
+    assert len(hook_params) == len(target_params), (spec.target, hook_params, target_params)
+
+
+def test_table_targets_are_unique_per_process():
+    for kind in ProcessKind:
+        targets = [s.target for s in hooks_for(kind)]
+        assert len(targets) == len(set(targets))
+
+
+def _run(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=240)
+
+
+def test_entry_point_loads_in_main_and_scheduler_processes():
+    # Real SGLang plugin discovery (entry point group sglang.srt.plugins), in fresh interpreters.
+    proc = _run("""
+        from sglang.srt.plugins import load_plugins
+        from sglang.srt.plugins.hook_registry import HookRegistry
+        from sglang_pd.process_state import STATE
+        def run_scheduler_process():
+            load_plugins()
+        run_scheduler_process()
+        print("KIND", STATE.kind.value)
+        print("PATCHED", sorted(HookRegistry._patched))
+        print("SNAP", STATE.snapshot()["applied_hooks"])
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert "KIND scheduler" in proc.stdout
+    assert "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.finalize_bootstrap" in proc.stdout
+    assert "sglang_pd 0.1.0 active in scheduler process" in proc.stderr
+
+    proc = _run("""
+        from sglang.srt.plugins import load_plugins
+        from sglang_pd.process_state import STATE
+        load_plugins()
+        print("KIND", STATE.kind.value, STATE.patched_hooks())
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert "KIND http ['BEFORE sglang.srt.entrypoints.http_server.launch_server']" in proc.stdout
+
+
+def test_other_sglang_version_refused_with_one_line():
+    proc = _run("""
+        import sglang_pd.plugin as plugin
+        from sglang.srt.plugins.hook_registry import HookRegistry
+        plugin.installed_sglang_version = lambda: "0.5.22"
+        plugin.register()
+        print("REGISTERED", dict(HookRegistry._hooks))
+    """)
+    assert proc.returncode == 0, proc.stderr
+    assert "REGISTERED {}" in proc.stdout
+    lines = [l for l in proc.stderr.splitlines() if l.startswith("[sglang_pd]")]
+    assert lines == ["[sglang_pd] sglang_pd 0.1.0 requires sglang==0.5.23, found 0.5.22; plugin NOT active"]
