@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import sglang_pd
 from sglang_pd.process_state import STATE
+from sglang_pd.srt.fault_injection import KEY_PREFIX
+from sglang_pd.srt.fault_injection import enabled as fault_injection_enabled
 from sglang_pd.srt.scheduler_hooks import INTERNAL_STATE_KEY
 
 INFO_PATH = "/sglang_pd/info"
 STATS_PATH = "/sglang_pd/stats"
+FAULTS_PATH = "/sglang_pd/faults"
 
 
 async def _scheduler_states() -> list[dict]:
@@ -46,6 +49,20 @@ async def stats() -> dict:
     return {"role": _role(), "schedulers": await _scheduler_states()}
 
 
+async def arm_faults(body: dict) -> dict:
+    """Arm test faults on every scheduler: body {"<fault>": count}. Only mounted when enabled."""
+    from sglang.srt.entrypoints.http_server import get_global_state
+    from sglang.srt.managers.io_struct import SetInternalStateReq
+
+    keys = {f"{KEY_PREFIX}{name}": int(count) for name, count in body.items()}
+    updated = await get_global_state().tokenizer_manager.set_internal_state(SetInternalStateReq(server_args=keys))
+    if not all(updated):
+        from fastapi import HTTPException
+
+        raise HTTPException(status_code=400, detail=f"faults refused: {sorted(body)}; see server log")
+    return {"armed": body}
+
+
 def before_launch_server(*args, **kwargs):
     """Mount our routes on SGLang's app before it starts serving."""
     from sglang.srt.entrypoints.http_server import app
@@ -54,3 +71,5 @@ def before_launch_server(*args, **kwargs):
     if INFO_PATH not in existing:
         app.add_api_route(INFO_PATH, info, methods=["GET"])
         app.add_api_route(STATS_PATH, stats, methods=["GET"])
+        if fault_injection_enabled():
+            app.add_api_route(FAULTS_PATH, arm_faults, methods=["POST"])

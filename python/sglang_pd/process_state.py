@@ -11,7 +11,11 @@ import enum
 import inspect
 from dataclasses import dataclass, field
 
+from sglang_pd.srt.disaggregation.decode_admission import DecodePrefixAdmission
 from sglang_pd.srt.disaggregation.prefill_transfer_log import PrefillTransferLog
+from sglang_pd.srt.fault_injection import FaultPlan
+from sglang_pd.srt.mem_cache.lock_ledger import LockLedger
+from sglang_pd.srt.mem_cache.tree_integrity import IntegrityReport
 
 
 class ProcessKind(str, enum.Enum):
@@ -49,6 +53,25 @@ class ProcessState:
     applied_hooks: list[str] = field(default_factory=list)
     refused_reason: str | None = None
     prefill_log: PrefillTransferLog = field(default_factory=PrefillTransferLog)
+    lock_ledger: LockLedger = field(default_factory=LockLedger)
+    decode_admission: DecodePrefixAdmission = None  # built in __post_init__ around lock_ledger
+    last_integrity: IntegrityReport | None = None
+    num_integrity_failures: int = 0
+    hook_errors: dict[str, int] = field(default_factory=dict)
+    faults: FaultPlan = field(default_factory=FaultPlan)
+
+    def __post_init__(self):
+        self.decode_admission = DecodePrefixAdmission(self.lock_ledger)
+
+    def count_hook_error(self, hook: str) -> None:
+        """Count an exception a hook caught to keep SGLang serving (logged by the hook)."""
+        self.hook_errors[hook] = self.hook_errors.get(hook, 0) + 1
+
+    def record_integrity(self, report: IntegrityReport) -> None:
+        """Keep the latest integrity report and count failures."""
+        self.last_integrity = report
+        if not report.ok:
+            self.num_integrity_failures += 1
 
     def patched_hooks(self) -> list[str]:
         """Registered hooks whose target SGLang's HookRegistry really patched (read-only)."""
@@ -63,6 +86,12 @@ class ProcessState:
             "applied_hooks": self.patched_hooks(),
             "refused_reason": self.refused_reason,
             "prefill_transfer": self.prefill_log.snapshot(),
+            "decode_admission": self.decode_admission.snapshot(),
+            "lock_ledger": self.lock_ledger.summary(),
+            "integrity": self.last_integrity.as_dict() if self.last_integrity else None,
+            "num_integrity_failures": self.num_integrity_failures,
+            "hook_errors": dict(self.hook_errors),
+            "faults": self.faults.snapshot(),
         }
 
 

@@ -15,6 +15,7 @@ import requests
 from sglang_pd.harness.cpu_env import cpu_server_args, server_env
 from sglang_pd.harness.server import ServerProcess, ServerStartError, free_port
 from sglang_pd.models import DEFAULT_MODEL, ensure_model_dir
+from sglang_pd.srt.fault_injection import ENABLE_ENV as FAULT_ENV
 
 TRANSFER_BACKENDS = ("mooncake_tcp", "nixl")
 
@@ -38,6 +39,7 @@ class DeploymentConfig:
     extra_decode_args: tuple[str, ...] = ()
     startup_timeout_s: float = 420.0
     log_dir: Path | None = None
+    fault_injection: bool = False  # mount POST /sglang_pd/faults (tests only)
     env_overrides: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
     def __post_init__(self):
@@ -61,6 +63,8 @@ class PDDeployment:
         self.model_dir = ensure_model_dir(config.model)
         self.bootstrap_port = free_port()
         self.env = server_env()
+        if config.fault_injection:
+            self.env[FAULT_ENV] = "1"
         self.env.update(dict(config.env_overrides))
         self.prefill = self._server("prefill", self._prefill_args())
         self.decodes = [self._server(f"decode{i}", self._decode_args()) for i in range(config.num_decode)]
@@ -124,8 +128,9 @@ class PDDeployment:
                 "--host", "127.0.0.1", "--port", str(port),
                 "--prefill", self.prefill.url, str(self.bootstrap_port),
                 *[a for d in self.decodes for a in ("--decode", d.url)],
-                "--log-level", "warn", *self.config.router_args]
-        router = ServerProcess("router", argv, self.env, port, self.log_dir)
+                "--log-level", "warn", "--health-check-interval-secs", "2", *self.config.router_args]
+        # /readiness turns 200 only once the router has seen healthy workers (/health is liveness).
+        router = ServerProcess("router", argv, self.env, port, self.log_dir, health_path="/readiness")
         router.start()
         router.wait_healthy(deadline)
         return router
@@ -150,15 +155,38 @@ class PDDeployment:
 
     # ---- requests ---------------------------------------------------------------------------------
     @staticmethod
-    def generate(url: str, input_ids: list[int], max_new_tokens: int = 8, timeout: float = 300,
-                 **extra) -> dict:
-        """POST /generate (greedy) with `input_ids`; returns the JSON body, raising on HTTP errors."""
+    def post_generate(url: str, input_ids: list[int], max_new_tokens: int = 8, timeout: float = 300,
+                      **extra) -> requests.Response:
+        """POST /generate (greedy, ignore_eos) with `input_ids`; the raw response, any status."""
         body = {"input_ids": input_ids, "return_logprob": False,
                 "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0,
                                     "ignore_eos": True}, **extra}
-        resp = requests.post(url + "/generate", json=body, timeout=timeout)
+        return requests.post(url + "/generate", json=body, timeout=timeout)
+
+    @classmethod
+    def generate(cls, url: str, input_ids: list[int], max_new_tokens: int = 8, timeout: float = 300,
+                 **extra) -> dict:
+        """POST /generate (greedy); returns the JSON body, raising on HTTP errors."""
+        resp = cls.post_generate(url, input_ids, max_new_tokens, timeout, **extra)
         resp.raise_for_status()
         return resp.json()
+
+    def pairing(self, room: int | None = None, bootstrap_port: int | None = None) -> dict:
+        """The bootstrap fields a router adds to pair one request across prefill and decode."""
+        return {"bootstrap_host": "127.0.0.1", "bootstrap_port": bootstrap_port or self.bootstrap_port,
+                "bootstrap_room": new_bootstrap_room() if room is None else room}
+
+    def post_generate_pd(self, input_ids: list[int], max_new_tokens: int = 8, decode_index: int = 0,
+                         timeout: float = 300, room: int | None = None,
+                         **extra) -> tuple[requests.Response, requests.Response, int]:
+        """Like generate_pd but returns the raw responses (for failure paths) and the room."""
+        pairing = self.pairing(room)
+        with cf.ThreadPoolExecutor(2) as pool:
+            fp = pool.submit(self.post_generate, self.prefill.url, input_ids, max_new_tokens, timeout,
+                             **pairing, **extra)
+            fd = pool.submit(self.post_generate, self.decodes[decode_index].url, input_ids, max_new_tokens,
+                             timeout, **pairing, **extra)
+            return fp.result(), fd.result(), pairing["bootstrap_room"]
 
     def generate_pd(self, input_ids: list[int], max_new_tokens: int = 8, decode_index: int = 0,
                     room: int | None = None, timeout: float = 300) -> tuple[dict, dict, int]:
@@ -166,9 +194,8 @@ class PDDeployment:
 
         Returns (prefill_body, decode_body, room).
         """
-        room = new_bootstrap_room() if room is None else room
-        pairing = {"bootstrap_host": "127.0.0.1", "bootstrap_port": self.bootstrap_port,
-                   "bootstrap_room": room}
+        pairing = self.pairing(room)
+        room = pairing["bootstrap_room"]
         with cf.ThreadPoolExecutor(2) as pool:
             fp = pool.submit(self.generate, self.prefill.url, input_ids, max_new_tokens, timeout, **pairing)
             fd = pool.submit(self.generate, self.decodes[decode_index].url, input_ids, max_new_tokens,
@@ -189,3 +216,34 @@ class PDDeployment:
         for sched in stats["schedulers"]:
             rooms.update({int(k): v for k, v in sched["prefill_transfer"]["rooms"].items()})
         return rooms
+
+    def scheduler_state(self, server: ServerProcess) -> dict:
+        """sglang_pd state of the server's (first) scheduler, with a fresh integrity report."""
+        return self.get_json(server.url, "/sglang_pd/stats")["schedulers"][0]
+
+    def arm_faults(self, server: ServerProcess, **counts: int) -> None:
+        """Arm test faults on a server started with fault_injection=True."""
+        resp = requests.post(server.url + "/sglang_pd/faults", json=counts, timeout=30)
+        resp.raise_for_status()
+
+    @staticmethod
+    def abort(server: ServerProcess, rid: str) -> None:
+        """Ask a server to abort request `rid` (SGLang's /abort_request)."""
+        requests.post(server.url + "/abort_request", json={"rid": rid}, timeout=30).raise_for_status()
+
+    def wait_clean(self, timeout_s: float = 90.0) -> dict[str, dict]:
+        """Wait until every PD server is idle with a passing integrity check; return their reports.
+
+        Raises AssertionError with the last reports if that does not happen in time.
+        """
+        deadline = time.monotonic() + timeout_s
+        servers = [self.prefill, *self.decodes]
+        while True:
+            reports = {s.name: self.scheduler_state(s) for s in servers}
+            if all((r.get("integrity") or {}).get("idle") and r["integrity"]["ok"] for r in reports.values()):
+                return reports
+            if time.monotonic() > deadline:
+                summary = {n: {"integrity": r.get("integrity"), "lock_ledger": r.get("lock_ledger")}
+                           for n, r in reports.items()}
+                raise AssertionError(f"deployment not clean after {timeout_s}s: {summary}")
+            time.sleep(0.5)

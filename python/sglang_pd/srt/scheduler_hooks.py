@@ -2,12 +2,49 @@
 
 from __future__ import annotations
 
+import logging
+
 from sglang_pd.process_state import STATE
+from sglang_pd.srt.mem_cache.tree_integrity import check_integrity
 
 INTERNAL_STATE_KEY = "sglang_pd"
+logger = logging.getLogger(__name__)
+
+
+def run_integrity_check(scheduler) -> None:
+    """Check tree/allocator/ledger invariants now (scheduler thread) and keep the report."""
+    tree = getattr(scheduler, "tree_cache", None)
+    if tree is None or getattr(tree, "disable", True):
+        return
+    idle = scheduler.is_fully_idle()
+    STATE.record_integrity(check_integrity(tree, scheduler.token_to_kv_pool_allocator, STATE.lock_ledger,
+                                           idle=idle))
 
 
 def after_get_internal_state(result, scheduler, recv_req):
-    """Add this scheduler's sglang_pd snapshot to SGLang's get_internal_state reply."""
-    result.internal_state[INTERNAL_STATE_KEY] = STATE.snapshot()
+    """Add this scheduler's sglang_pd snapshot (with a fresh integrity check) to the reply."""
+    try:
+        run_integrity_check(scheduler)
+        result.internal_state[INTERNAL_STATE_KEY] = STATE.snapshot()
+    except Exception as exc:  # observability must never take the scheduler down
+        STATE.count_hook_error("get_internal_state")
+        logger.exception("sglang_pd: state snapshot failed")
+        result.internal_state[INTERNAL_STATE_KEY] = {"error": f"{type(exc).__name__}: {exc}"}
     return result
+
+
+def around_set_internal_state(original, scheduler, recv_req):
+    """Take sglang_pd fault keys out of a set_internal_state request; pass the rest to SGLang."""
+    from sglang.srt.managers.io_struct import SetInternalStateReqOutput
+
+    try:
+        remaining = STATE.faults.arm_from_keys(dict(recv_req.server_args))
+    except ValueError as exc:
+        logger.warning("sglang_pd: %s", exc)
+        return SetInternalStateReqOutput(updated=False)
+    if len(remaining) == len(recv_req.server_args):
+        return original(scheduler, recv_req)
+    if not remaining:
+        return SetInternalStateReqOutput(updated=True)
+    recv_req.server_args = remaining
+    return original(scheduler, recv_req)

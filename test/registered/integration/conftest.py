@@ -14,24 +14,37 @@ from sglang_pd.harness import DeploymentConfig, PDDeployment
 
 LOG_ROOT = Path(os.environ.get("SGLANG_PD_TEST_LOGS", "/tmp/sglang_pd-test-logs"))
 
+# Decode gives up on a transfer that never starts after this long (default 300 s): the timeout path
+# is then testable in-session. Normal requests here finish in about a second.
+WAITING_TIMEOUT_S = 30
+
 _started: dict[str, PDDeployment] = {}
+initial_states: dict[str, dict] = {}
 
 
 def _deployment(name: str, config: DeploymentConfig) -> PDDeployment:
     if name not in _started:
-        _started[name] = PDDeployment(config).start()
+        dep = PDDeployment(config).start()
+        _started[name] = dep
+        # Before any test request: what warmup left behind (it must leave the tree empty).
+        initial_states[name] = dep.wait_clean()
     return _started[name]
+
+
+_ENV = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)),)
 
 
 @pytest.fixture(scope="session")
 def pd_page1() -> PDDeployment:
     return _deployment("page1", DeploymentConfig(page_size=1, with_plain=True, with_router=True,
-                                                 log_dir=LOG_ROOT / "page1"))
+                                                 fault_injection=True, log_dir=LOG_ROOT / "page1",
+                                                 env_overrides=_ENV))
 
 
 @pytest.fixture(scope="session")
 def pd_page16() -> PDDeployment:
-    return _deployment("page16", DeploymentConfig(page_size=16, log_dir=LOG_ROOT / "page16"))
+    return _deployment("page16", DeploymentConfig(page_size=16, fault_injection=True,
+                                                  log_dir=LOG_ROOT / "page16", env_overrides=_ENV))
 
 
 @pytest.fixture(params=[1, 16], ids=["page1", "page16"])

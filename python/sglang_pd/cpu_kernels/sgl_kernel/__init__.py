@@ -5,7 +5,6 @@ every retraction/prefix move, and a Python loop over tokens x layers is the slow
 """
 
 import ctypes
-import sys
 
 import torch
 
@@ -66,5 +65,4 @@ def __getattr__(name):
             "(only assign_req_to_token_pool_cpu and copy_all_layer_kv_cache_cpu are)")
 
     _unsupported.__name__ = name
-    print(f"[sglang_pd cpu sgl_kernel] op requested without an implementation: {name}", file=sys.stderr)
     return _unsupported

@@ -1,21 +1,37 @@
-"""Thin hooks on SGLang's prefill side; the logic lives in PrefillTransferLog."""
+"""Thin hooks on SGLang's prefill side: validate what decode asked for, record what was sent."""
 
 from __future__ import annotations
 
+import logging
+
 from sglang_pd.process_state import STATE
+from sglang_pd.srt.disaggregation.prefill_guard import validate_decode_prefix_len
+
+logger = logging.getLogger(__name__)
 
 
 def around_finalize_bootstrap(original, queue, req):
-    """Record the decode_prefix_len that reached prefill for this room, then defer to SGLang."""
+    """Reject a bad decode_prefix_len through SGLang's failure path; else record it and go on."""
+    sender = req.disagg_kv_sender
+    room = int(req.bootstrap_room)
+    page_size = int(queue.scheduler.token_to_kv_pool_allocator.page_size)
+    asked = sender.kv_mgr.req_to_decode_prefix_len.get(room, 0)
+    verdict = validate_decode_prefix_len(asked, len(req.origin_input_ids), page_size)
+    if not verdict.ok:
+        logger.error("%s (request %s, room %s)", verdict.reason, req.rid, room)
+        STATE.prefill_log.record_rejection(room, str(req.rid), verdict.reason)
+        # Reason recorded, room failed, decode told; the next poll aborts this request only.
+        sender.kv_mgr.conclude_failure(bootstrap_room=room, failure_reason=verdict.reason)
+        return False
     finished = original(queue, req)
     if finished:
-        STATE.prefill_log.record_bootstrap(
-            room=int(req.bootstrap_room),
-            rid=str(req.rid),
-            prompt_len=len(req.origin_input_ids),
-            page_size=int(queue.scheduler.token_to_kv_pool_allocator.page_size),
-            decode_prefix_len=int(req.disagg_decode_prefix_len),
-        )
+        try:
+            STATE.prefill_log.record_bootstrap(room=room, rid=str(req.rid), prompt_len=len(req.origin_input_ids),
+                                               page_size=page_size,
+                                               decode_prefix_len=int(req.disagg_decode_prefix_len))
+        except Exception:
+            STATE.count_hook_error("finalize_bootstrap")
+            logger.exception("sglang_pd: failed to record a prefill bootstrap")
     return finished
 
 
@@ -23,5 +39,9 @@ def after_prepare_send_indices(result, sender, kv_indices, state_indices=None):
     """Count the KV pages the sender really hands to its transport (after CP/shard filtering)."""
     page_indices, _index_slice, _is_last, should_skip = result
     if not should_skip:
-        STATE.prefill_log.record_pages_sent(int(sender.bootstrap_room), len(page_indices))
+        try:
+            STATE.prefill_log.record_pages_sent(int(sender.bootstrap_room), len(page_indices))
+        except Exception:
+            STATE.count_hook_error("prepare_send_indices")
+            logger.exception("sglang_pd: failed to count sent pages")
     return result

@@ -32,7 +32,7 @@ class RoomTransfer:
 class PrefillTransferLog:
     """Bounded record of recent rooms (oldest dropped first) plus running totals.
 
-    Mutating methods: `record_bootstrap`, `record_pages_sent`. Read-only: `get`, `snapshot`.
+    Mutating methods: `record_bootstrap`, `record_rejection`, `record_pages_sent`. Read-only: `get`, `snapshot`.
     """
 
     def __init__(self, max_rooms: int = 4096):
@@ -46,6 +46,8 @@ class PrefillTransferLog:
         self.num_pages_planned = 0
         self.num_pages_sent = 0
         self.num_pages_sent_unknown_room = 0
+        self.num_rejected = 0
+        self._rejections: OrderedDict[int, tuple[str, str]] = OrderedDict()  # room -> (rid, reason)
 
     def record_bootstrap(self, room: int, rid: str, prompt_len: int, page_size: int,
                          decode_prefix_len: int) -> RoomTransfer:
@@ -61,6 +63,13 @@ class PrefillTransferLog:
         self.num_decode_prefix_tokens += decode_prefix_len
         self.num_pages_planned += planned
         return entry
+
+    def record_rejection(self, room: int, rid: str, reason: str) -> None:
+        """Record a request prefill refused (bad decode_prefix_len or transfer info)."""
+        self.num_rejected += 1
+        self._rejections[room] = (rid, reason)
+        while len(self._rejections) > self.max_rooms:
+            self._rejections.popitem(last=False)
 
     def record_pages_sent(self, room: int, num_pages: int) -> None:
         """Add `num_pages` KV pages handed to the transport for `room`."""
@@ -87,5 +96,8 @@ class PrefillTransferLog:
             "num_pages_planned": self.num_pages_planned,
             "num_pages_sent": self.num_pages_sent,
             "num_pages_sent_unknown_room": self.num_pages_sent_unknown_room,
+            "num_rejected": self.num_rejected,
+            "rejections": {str(room): {"rid": rid, "reason": reason}
+                           for room, (rid, reason) in list(self._rejections.items())[-max_recent:]},
             "rooms": {str(r.room): asdict(r) for r in recent},
         }

@@ -62,3 +62,36 @@ def check_decode_prefix_len(decode_prefix_len: int, prompt_len: int, page_size: 
     if decode_prefix_len % page_size:
         raise ValueError(
             f"decode_prefix_len {decode_prefix_len} is not aligned to page size {page_size}")
+
+
+def is_tree_exempt(req) -> bool:
+    """True for requests whose KV must never enter a radix tree.
+
+    Marked ones (`skip_radix_cache_insert`), health checks (rid prefix) and warmup / fake-bootstrap
+    requests (no prefill peer): their tokens are synthetic, and caching them would both waste pages
+    and serve their KV to real requests that happen to share a prefix.
+    """
+    from sglang.srt.disaggregation.checksum import is_health_check_req
+    from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST
+
+    return bool(req.skip_radix_cache_insert or is_health_check_req(req)
+                or getattr(req, "bootstrap_host", None) == FAKE_BOOTSTRAP_HOST)
+
+
+def maybe_cache_unfinished_req(req, tree_cache) -> bool:
+    """Publish a running request's computed KV [0, extend_end) into the tree, unless exempt.
+
+    Mutates the tree (insert) and the request (`prefix_len = extend_end`, its row re-pointed at the
+    tree's copies), exactly as SGLang's checkpoint contract requires; an exempt request only
+    advances `prefix_len`. Returns True iff the tree was offered the KV.
+    """
+    if req.finished():
+        raise ValueError(f"request {req.rid} is finished: release it instead of checkpointing")
+    published = not is_tree_exempt(req)
+    if published:
+        req.skip_radix_cache_insert = False
+        tree_cache.checkpoint(req, up_to=req.extend_end)
+    else:
+        req.skip_radix_cache_insert = True
+    req.prefix_len = req.extend_end
+    return published

@@ -1,0 +1,152 @@
+"""Decode prefix admission: match the decode radix tree, lock the hit, plan the pages to receive.
+
+Order (the contract): match (read-only) -> page-align -> lock with the request as owner -> SGLang
+preallocates only `num_new_pages` pages -> the transfer layer is handed exactly those pages and
+`decode_prefix_len`. Every lock goes through the LockLedger, so each one is released exactly once
+on every exit path (SGLang's release paths call `unlock`, which the ledger checks).
+
+Warmup (fake bootstrap) and health-check requests never touch the tree: they match nothing, hold
+only the root, and are marked `skip_radix_cache_insert` so their tokens are never inserted.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import OrderedDict
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from sglang_pd.srt.mem_cache.common import check_decode_prefix_len, kv_to_page_num, page_align_floor
+from sglang_pd.srt.mem_cache.lock_ledger import LockLedger, owner_scope
+
+
+class RequestKind(str, enum.Enum):
+    """What a request arriving at decode admission is."""
+
+    NORMAL = "normal"
+    WARMUP = "warmup"            # server warmup / fake bootstrap: no prefill peer
+    HEALTH_CHECK = "health_check"
+
+
+class AdmissionError(RuntimeError):
+    """The tree or SGLang produced a plan that breaks the admission contract (a bug, not input)."""
+
+
+@dataclass(frozen=True)
+class AdmissionPlan:
+    """What decode admission decided for one request."""
+
+    rid: str
+    kind: RequestKind
+    prompt_len: int
+    page_size: int
+    matched_len: int          # tokens the tree matched on device
+    decode_prefix_len: int    # page-aligned tokens reused; told to prefill
+    num_new_pages: int        # pages to receive: ceil((prompt_len - decode_prefix_len) / page_size)
+
+
+@dataclass
+class HandoffRecord:
+    """What was actually handed to the transfer layer for a planned request."""
+
+    decode_prefix_len: int
+    num_pages: int
+
+
+class DecodePrefixAdmission:
+    """Owns match+lock for decode requests and the record of plans and hand-offs.
+
+    Mutating: `match_and_lock`, `record_handoff`. Read-only: `plan_for`, `snapshot`.
+    Must be called on the scheduler thread (the only thread touching the tree).
+    """
+
+    def __init__(self, ledger: LockLedger, max_plans: int = 4096):
+        self.ledger = ledger
+        self.max_plans = max_plans
+        self._plans: OrderedDict[str, AdmissionPlan] = OrderedDict()
+        self._handoffs: dict[str, HandoffRecord] = {}
+        self.num_requests = 0
+        self.num_skipped_tree = 0
+        self.num_prompt_tokens = 0
+        self.num_prefix_hit_tokens = 0
+        self.num_pages_planned = 0
+        self.num_pages_saved = 0
+        self.num_handoff_mismatches = 0
+
+    def match_and_lock(self, req: Any, tree_cache: Any, kind: RequestKind, match_fn: Callable,
+                       max_prefix_len: int | None = None) -> Any:
+        """Match `req.origin_input_ids`, lock the matched node as `req.lock`, record the plan.
+
+        `match_fn` is SGLang's `match_kv_cache(req, tree, token_ids, max_prefix_len=...)`, which adopts
+        the hit as the request's prefix. Returns its MatchResult. Raises AdmissionError if the hit is
+        not page-aligned or longer than the prompt (the lock is then not taken).
+        """
+        skip = kind is not RequestKind.NORMAL
+        if skip:
+            req.skip_radix_cache_insert = True
+        result = match_fn(req, tree_cache, req.origin_input_ids, max_prefix_len=0 if skip else max_prefix_len)
+        page_size = int(tree_cache.page_size)
+        prompt_len = len(req.origin_input_ids)
+        matched = int(result.device_prefix_len)
+        prefix_len = page_align_floor(matched, page_size)
+        try:
+            if prefix_len != matched:
+                raise ValueError(f"tree matched {matched} tokens, not a multiple of page size {page_size}")
+            check_decode_prefix_len(prefix_len, prompt_len, page_size)
+        except ValueError as exc:
+            raise AdmissionError(f"decode admission of {req.rid}: {exc}") from exc
+        with owner_scope(str(req.rid), num_tokens=matched):
+            req.lock = tree_cache.lock(result.last_device_node)
+        self._record_plan(AdmissionPlan(str(req.rid), kind, prompt_len, page_size, matched, prefix_len,
+                                        kv_to_page_num(prompt_len - prefix_len, page_size)))
+        return result
+
+    def _record_plan(self, plan: AdmissionPlan) -> None:
+        self._plans.pop(plan.rid, None)
+        self._plans[plan.rid] = plan
+        while len(self._plans) > self.max_plans:
+            old_rid, _ = self._plans.popitem(last=False)
+            self._handoffs.pop(old_rid, None)
+        self.num_requests += 1
+        if plan.kind is not RequestKind.NORMAL:
+            self.num_skipped_tree += 1
+            return
+        self.num_prompt_tokens += plan.prompt_len
+        self.num_prefix_hit_tokens += plan.decode_prefix_len
+        self.num_pages_planned += plan.num_new_pages
+        self.num_pages_saved += kv_to_page_num(plan.prompt_len, plan.page_size) - plan.num_new_pages
+
+    def record_handoff(self, rid: str, decode_prefix_len: int, num_pages: int) -> AdmissionPlan | None:
+        """Record what SGLang handed to the transfer layer; count (and return) a mismatching plan.
+
+        Returns the plan if the hand-off disagrees with it, else None. Requests admitted outside
+        this class (e.g. rebootstrap after retraction) have no plan and are not counted.
+        """
+        self._handoffs[rid] = HandoffRecord(decode_prefix_len, num_pages)
+        plan = self._plans.get(rid)
+        if plan is None or plan.kind is not RequestKind.NORMAL:
+            return None
+        if (plan.decode_prefix_len, plan.num_new_pages) != (decode_prefix_len, num_pages):
+            self.num_handoff_mismatches += 1
+            return plan
+        return None
+
+    def plan_for(self, rid: str) -> AdmissionPlan | None:
+        """The plan recorded for `rid` (None if unknown or dropped)."""
+        return self._plans.get(rid)
+
+    def snapshot(self, max_recent: int = 256) -> dict:
+        """JSON-able counters plus the most recent plans with their hand-offs."""
+        recent = list(self._plans.values())[-max_recent:]
+        return {
+            "num_requests": self.num_requests,
+            "num_skipped_tree": self.num_skipped_tree,
+            "num_prompt_tokens": self.num_prompt_tokens,
+            "num_prefix_hit_tokens": self.num_prefix_hit_tokens,
+            "num_pages_planned": self.num_pages_planned,
+            "num_pages_saved": self.num_pages_saved,
+            "num_handoff_mismatches": self.num_handoff_mismatches,
+            "plans": {p.rid: dict(asdict(p), kind=p.kind.value,
+                                  handoff=asdict(self._handoffs[p.rid]) if p.rid in self._handoffs else None)
+                      for p in recent},
+        }

@@ -1,0 +1,90 @@
+"""Test-only fault injection, armed per process through SGLang's set_internal_state channel.
+
+Disabled unless SGLANG_PD_ENABLE_FAULT_INJECTION=1 in the server's environment: a production
+server neither mounts the route nor accepts the keys. Each fault fires for the next N requests that
+reach its injection point, then disarms; `<fault>_room` keys instead target one bootstrap room
+(so concurrent traffic cannot consume a fault meant for a given request).
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+
+ENABLE_ENV = "SGLANG_PD_ENABLE_FAULT_INJECTION"
+KEY_PREFIX = "sglang_pd_fault_"
+ROOM_SUFFIX = "_room"
+
+
+class Fault(str, enum.Enum):
+    """Where and how a fault bends the flow (all on the decode side)."""
+
+    PREFIX_UNALIGNED = "prefix_unaligned"   # tell prefill decode_prefix_len + 1
+    PREFIX_EXCEEDS = "prefix_exceeds"       # tell prefill prompt_len + page_size
+    TRANSFER_FAIL = "transfer_fail"         # decode marks the room failed right after prealloc
+
+
+def enabled() -> bool:
+    """True when this server was started with fault injection allowed."""
+    return os.environ.get(ENABLE_ENV) == "1"
+
+
+class FaultPlan:
+    """Armed faults and how often each fired. Mutated on the scheduler thread only."""
+
+    def __init__(self):
+        self.armed: dict[Fault, int] = {}
+        self.rooms: dict[int, set[Fault]] = {}
+        self.fired: dict[Fault, int] = {}
+
+    def arm(self, fault: Fault, count: int) -> None:
+        """Fire `fault` for the next `count` requests (count 0 disarms)."""
+        if count < 0:
+            raise ValueError(f"fault count must be >= 0, got {count}")
+        self.armed[fault] = int(count)
+
+    def arm_room(self, fault: Fault, room: int) -> None:
+        """Fire `fault` once, for the request of bootstrap room `room` only."""
+        self.rooms.setdefault(int(room), set()).add(fault)
+
+    def take(self, fault: Fault, room: int | None = None) -> bool:
+        """Consume one firing of `fault` for a request of `room`; True if it should fire now."""
+        targeted = self.rooms.get(room) if room is not None else None
+        if targeted and fault in targeted:
+            targeted.discard(fault)
+            if not targeted:
+                del self.rooms[room]
+        elif self.armed.get(fault, 0) > 0:
+            self.armed[fault] -= 1
+        else:
+            return False
+        self.fired[fault] = self.fired.get(fault, 0) + 1
+        return True
+
+    def arm_from_keys(self, server_args: dict) -> dict:
+        """Arm every `sglang_pd_fault_<name>` key; return the remaining (SGLang's own) keys.
+
+        Raises ValueError naming an unknown fault or when injection is not enabled.
+        """
+        ours = {k: v for k, v in server_args.items() if k.startswith(KEY_PREFIX)}
+        if ours and not enabled():
+            raise ValueError(f"fault injection is disabled (set {ENABLE_ENV}=1 on the server)")
+        for key, value in ours.items():
+            name = key[len(KEY_PREFIX):]
+            by_room = name.endswith(ROOM_SUFFIX)
+            name = name[: -len(ROOM_SUFFIX)] if by_room else name
+            try:
+                fault = Fault(name)
+            except ValueError:
+                raise ValueError(f"unknown fault {name!r}; known: {[f.value for f in Fault]}") from None
+            if by_room:
+                self.arm_room(fault, int(value))
+            else:
+                self.arm(fault, int(value))
+        return {k: v for k, v in server_args.items() if not k.startswith(KEY_PREFIX)}
+
+    def snapshot(self) -> dict:
+        """JSON-able armed/fired counts."""
+        return {"armed": {f.value: n for f, n in self.armed.items()},
+                "armed_rooms": len(self.rooms),
+                "fired": {f.value: n for f, n in self.fired.items()}}

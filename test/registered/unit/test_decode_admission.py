@@ -1,0 +1,88 @@
+"""DecodePrefixAdmission on real trees/allocators/requests with SGLang's own match_kv_cache."""
+
+import pytest
+
+from conftest import make_req
+from sglang_pd.process_state import STATE
+from sglang_pd.srt.disaggregation.decode_admission import RequestKind
+from sglang_pd.srt.mem_cache.common import kv_to_page_num
+
+pytestmark = pytest.mark.unit
+
+
+def _admit(pool, req, kind=RequestKind.NORMAL):
+    from sglang.srt.mem_cache.common import match_kv_cache
+
+    STATE.decode_admission.match_and_lock(req, pool.tree, kind, match_kv_cache)
+    return STATE.decode_admission.plan_for(req.rid)
+
+
+def test_miss_plans_every_page_and_holds_nothing(pool, ledger):
+    req = make_req("miss", list(range(100, 111)))
+    plan = _admit(pool, req)
+    assert (plan.matched_len, plan.decode_prefix_len) == (0, 0)
+    assert plan.num_new_pages == kv_to_page_num(11, pool.page_size)
+    assert ledger.owners() == {"miss": 1} and pool.protected() == 0
+    pool.tree.unlock(req.lock)
+    assert pool.integrity(ledger).ok
+
+
+def test_hit_is_page_aligned_and_locked_before_prealloc(pool, ledger):
+    from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+    pool.cache_tokens(list(range(10)))  # the tree keeps the page-aligned part
+    cached = 10 - 10 % pool.page_size
+    req = make_req("hit", list(range(10)) + [500, 501])
+    plan = _admit(pool, req)
+    assert plan.decode_prefix_len == cached and plan.decode_prefix_len % pool.page_size == 0
+    assert plan.num_new_pages == kv_to_page_num(12 - cached, pool.page_size)
+    # Locked before any allocation: eviction pressure cannot take the matched prefix away.
+    pool.tree.evict(EvictParams(num_tokens=10_000))
+    assert pool.protected() == cached and pool.match(list(range(12))).device_prefix_len == cached
+    assert pool.integrity(ledger, idle=False).ok
+    pool.tree.unlock(req.lock)
+    report = pool.integrity(ledger)
+    assert report.ok and report.evictable_tokens == cached
+
+
+def test_full_prefix_hit_moves_no_page(pool, ledger):
+    prompt = list(range(16))  # a multiple of every page size under test
+    pool.cache_tokens(prompt + [77, 78, 79, 80])  # an earlier turn: prompt + its output
+    req = make_req("full", prompt)
+    plan = _admit(pool, req)
+    assert plan.decode_prefix_len == len(prompt) and plan.num_new_pages == 0
+    snap = STATE.decode_admission.snapshot()
+    assert snap["num_pages_saved"] == kv_to_page_num(16, pool.page_size)
+    pool.tree.unlock(req.lock)
+    assert pool.integrity(ledger).ok
+
+
+@pytest.mark.parametrize("kind,host", [(RequestKind.WARMUP, "2.2.2.2"), (RequestKind.HEALTH_CHECK, None)])
+def test_warmup_and_health_never_use_the_tree(pool, ledger, kind, host):
+    pool.cache_tokens(list(range(8)))
+    req = make_req("HEALTH_CHECK_1" if kind is RequestKind.HEALTH_CHECK else "warm", list(range(8)), host)
+    plan = _admit(pool, req, kind)
+    assert plan.kind is kind and plan.decode_prefix_len == 0
+    assert req.skip_radix_cache_insert, "their tokens must never be inserted"
+    assert pool.protected() == 0
+    pool.tree.unlock(req.lock)
+    assert pool.integrity(ledger).ok
+    assert STATE.decode_admission.snapshot()["num_skipped_tree"] == 1
+
+
+def test_request_kind_classification():
+    from sglang_pd.srt.disaggregation.decode_hooks import request_kind
+
+    assert request_kind(make_req("a", [1], "127.0.0.1")) is RequestKind.NORMAL
+    assert request_kind(make_req("a", [1], "2.2.2.2")) is RequestKind.WARMUP
+    assert request_kind(make_req("HEALTH_CHECK_x", [1], "127.0.0.1")) is RequestKind.HEALTH_CHECK
+
+
+def test_handoff_mismatch_is_counted(pool, ledger):
+    req = make_req("h", list(range(200, 209)))
+    plan = _admit(pool, req)
+    assert STATE.decode_admission.record_handoff("h", 0, plan.num_new_pages) is None
+    assert STATE.decode_admission.record_handoff("h", 0, plan.num_new_pages + 1) == plan
+    assert STATE.decode_admission.num_handoff_mismatches == 1
+    assert STATE.decode_admission.record_handoff("never-planned", 0, 3) is None
+    pool.tree.unlock(req.lock)
