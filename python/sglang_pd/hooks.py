@@ -12,7 +12,7 @@ from typing import Callable
 from sglang_pd import http_routes
 from sglang_pd.process_state import ProcessKind
 from sglang_pd.srt import scheduler_hooks
-from sglang_pd.srt.disaggregation import decode_hooks, prefill_hooks
+from sglang_pd.srt.disaggregation import decode_hooks, nixl_host_memory, prefill_hooks, request_fields
 from sglang_pd.srt.mem_cache import checkpoint_hooks, ledger_hooks
 
 _DISAGG = "sglang.srt.disaggregation"
@@ -37,6 +37,25 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         http_routes.before_launch_server, ProcessKind.HTTP,
         "mount GET /sglang_pd/info and /sglang_pd/stats on the server's own FastAPI app"),
     HookSpec(
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager.update_request_meta_info", "AFTER",
+        request_fields.after_update_request_meta_info, ProcessKind.HTTP,
+        "turn our per-request decode fields into plain numbers in meta_info"),
+    HookSpec(
+        "sglang.srt.managers.scheduler.Scheduler.init_disaggregation", "AFTER",
+        scheduler_hooks.after_init_disaggregation, ProcessKind.SCHEDULER,
+        "label sglang_pd metrics with role/backend; export them on /metrics when metrics are on"),
+    HookSpec(
+        "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
+        ".is_request_level_customized_info_key", "AROUND",
+        request_fields.around_is_request_level_key, ProcessKind.SCHEDULER,
+        "emit decode_prefix_len / pages / bytes once per request in meta_info"),
+    HookSpec(
+        "sglang.srt.mem_cache.radix_cache.RadixCache.evict", "AFTER", scheduler_hooks.after_evict,
+        ProcessKind.SCHEDULER, "count evicted tokens (RadixCache; evict_for_alloc goes through it)"),
+    HookSpec(
+        f"{_UTREE}._evict", "AFTER", scheduler_hooks.after_evict, ProcessKind.SCHEDULER,
+        "count evicted tokens (UnifiedRadixCache: evict and evict_for_alloc both end here)"),
+    HookSpec(
         "sglang.srt.managers.scheduler.Scheduler.get_internal_state", "AFTER",
         scheduler_hooks.after_get_internal_state, ProcessKind.SCHEDULER,
         "carry the scheduler's sglang_pd state to the HTTP process over SGLang's own channel"),
@@ -53,6 +72,32 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         prefill_hooks.after_prepare_send_indices, ProcessKind.SCHEDULER,
         "count KV pages really handed to the transport per room (nixl and mooncake share it)"),
     HookSpec(
+        f"{_DISAGG}.mooncake.conn.MooncakeKVManager._handle_abort_notification", "AROUND",
+        prefill_hooks.around_mooncake_message, ProcessKind.SCHEDULER,
+        "check transfer-info frames first: a malformed one fails its room, not the bootstrap thread"),
+    HookSpec(
+        f"{_DISAGG}.nixl.conn.NixlKVManager._handle_abort_notification", "AROUND",
+        prefill_hooks.around_nixl_message, ProcessKind.SCHEDULER,
+        "same for NIXL (whose parser also asserts on foreign traffic)"),
+    HookSpec(
+        f"{_DISAGG}.nixl.conn.NixlKVManager.__init__", "AROUND", nixl_host_memory.around_manager_init,
+        ProcessKind.SCHEDULER, "CPU device: register KV as DRAM (upstream says VRAM) and scope the next row"),
+    HookSpec(
+        "nixl._api.nixl_agent_config.__init__", "BEFORE", nixl_host_memory.before_agent_config_init,
+        ProcessKind.SCHEDULER, "host-memory manager: no busy-polling progress thread (worker drives progress)"),
+    HookSpec(
+        f"{_DISAGG}.common.utils.FastQueue.get", "AFTER", nixl_host_memory.after_queue_get,
+        ProcessKind.SCHEDULER, "know which room a NIXL transfer worker serves (for page counts / stalls)"),
+    HookSpec(
+        f"{_DISAGG}.nixl.conn.NixlKVManager.send_kvcache", "AFTER", nixl_host_memory.after_send_kvcache,
+        ProcessKind.SCHEDULER, "count the KV pages NIXL itself was asked to move, per room"),
+    HookSpec(
+        f"{_DISAGG}.nixl.conn.NixlKVManager._await_handles", "AROUND", nixl_host_memory.around_await_handles,
+        ProcessKind.SCHEDULER, "arm a stall deadline: upstream waits forever on a transfer that never ends"),
+    HookSpec(
+        "nixl._api.nixl_agent.check_xfer_state", "AFTER", nixl_host_memory.after_check_xfer_state,
+        ProcessKind.SCHEDULER, "past the deadline a transfer reads ERR, so upstream fails the room"),
+    HookSpec(
         f"{_TREE}.lock", "AFTER", ledger_hooks.after_lock, ProcessKind.SCHEDULER,
         "record every tree lock with its owner in the LockLedger"),
     HookSpec(
@@ -64,6 +109,10 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
     HookSpec(
         f"{_UTREE}.unlock", "AROUND", ledger_hooks.around_unlock, ProcessKind.SCHEDULER,
         "same as BasePrefixCache.unlock, for UnifiedRadixCache"),
+    HookSpec(
+        "sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode", "AFTER",
+        scheduler_hooks.after_retract_decode, ProcessKind.SCHEDULER,
+        "count retractions, so tests can prove the retraction path ran and released its locks"),
     HookSpec(
         "sglang.srt.mem_cache.common.checkpoint_kv_cache", "REPLACE",
         checkpoint_hooks.replace_checkpoint_kv_cache, ProcessKind.SCHEDULER,

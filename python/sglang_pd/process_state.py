@@ -16,6 +16,7 @@ from sglang_pd.srt.disaggregation.prefill_transfer_log import PrefillTransferLog
 from sglang_pd.srt.fault_injection import FaultPlan
 from sglang_pd.srt.mem_cache.lock_ledger import LockLedger
 from sglang_pd.srt.mem_cache.tree_integrity import IntegrityReport
+from sglang_pd.srt.pd_metrics import PDCounters
 
 
 class ProcessKind(str, enum.Enum):
@@ -59,9 +60,11 @@ class ProcessState:
     num_integrity_failures: int = 0
     hook_errors: dict[str, int] = field(default_factory=dict)
     faults: FaultPlan = field(default_factory=FaultPlan)
+    num_retracted: int = 0
+    counters: PDCounters = field(default_factory=PDCounters)
 
     def __post_init__(self):
-        self.decode_admission = DecodePrefixAdmission(self.lock_ledger)
+        self.decode_admission = DecodePrefixAdmission(self.lock_ledger, counters=self.counters)
 
     def count_hook_error(self, hook: str) -> None:
         """Count an exception a hook caught to keep SGLang serving (logged by the hook)."""
@@ -70,8 +73,10 @@ class ProcessState:
     def record_integrity(self, report: IntegrityReport) -> None:
         """Keep the latest integrity report and count failures."""
         self.last_integrity = report
+        self.counters.set("tree_locks_outstanding", report.num_outstanding_locks)
         if not report.ok:
             self.num_integrity_failures += 1
+            self.counters.add("integrity_failures_total", 1)
 
     def patched_hooks(self) -> list[str]:
         """Registered hooks whose target SGLang's HookRegistry really patched (read-only)."""
@@ -92,6 +97,8 @@ class ProcessState:
             "num_integrity_failures": self.num_integrity_failures,
             "hook_errors": dict(self.hook_errors),
             "faults": self.faults.snapshot(),
+            "num_retracted": self.num_retracted,
+            "counters": self.counters.snapshot(),
         }
 
 

@@ -40,6 +40,7 @@ class DeploymentConfig:
     startup_timeout_s: float = 420.0
     log_dir: Path | None = None
     fault_injection: bool = False  # mount POST /sglang_pd/faults (tests only)
+    enable_metrics: bool = True    # SGLang's /metrics (with sglang_pd:* metrics) on every server
     env_overrides: tuple[tuple[str, str], ...] = field(default_factory=tuple)
 
     def __post_init__(self):
@@ -76,7 +77,7 @@ class PDDeployment:
         return ["--model-path", str(self.model_dir), "--load-format", "dummy", "--skip-tokenizer-init",
                 "--host", "127.0.0.1", "--page-size", str(self.config.page_size),
                 "--max-total-tokens", str(max_total_tokens), "--log-level", "warning",
-                *cpu_server_args()]
+                *(["--enable-metrics"] if self.config.enable_metrics else []), *cpu_server_args()]
 
     def _prefill_args(self) -> list[str]:
         return [*self._common_args(self.config.prefill_max_total_tokens), "--disaggregation-mode", "prefill",
@@ -231,13 +232,13 @@ class PDDeployment:
         """Ask a server to abort request `rid` (SGLang's /abort_request)."""
         requests.post(server.url + "/abort_request", json={"rid": rid}, timeout=30).raise_for_status()
 
-    def wait_clean(self, timeout_s: float = 90.0) -> dict[str, dict]:
-        """Wait until every PD server is idle with a passing integrity check; return their reports.
+    def wait_clean(self, timeout_s: float = 90.0, servers: list[ServerProcess] | None = None) -> dict[str, dict]:
+        """Wait until every PD server (or `servers`) is idle with a passing integrity check.
 
-        Raises AssertionError with the last reports if that does not happen in time.
+        Returns their reports; raises AssertionError with the last reports if time runs out.
         """
         deadline = time.monotonic() + timeout_s
-        servers = [self.prefill, *self.decodes]
+        servers = servers or [self.prefill, *self.decodes]
         while True:
             reports = {s.name: self.scheduler_state(s) for s in servers}
             if all((r.get("integrity") or {}).get("idle") and r["integrity"]["ok"] for r in reports.values()):
@@ -247,3 +248,14 @@ class PDDeployment:
                            for n, r in reports.items()}
                 raise AssertionError(f"deployment not clean after {timeout_s}s: {summary}")
             time.sleep(0.5)
+
+    @staticmethod
+    def scrape_metrics(server: ServerProcess, prefix: str = "sglang_pd:") -> dict[str, float]:
+        """Prometheus samples of `server`'s /metrics whose name starts with `prefix` (labels kept)."""
+        text = requests.get(server.url + "/metrics", timeout=30).text
+        samples = {}
+        for line in text.splitlines():
+            if line.startswith(prefix):
+                name, _, value = line.rpartition(" ")
+                samples[name] = float(value)
+        return samples

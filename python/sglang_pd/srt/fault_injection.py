@@ -17,11 +17,12 @@ ROOM_SUFFIX = "_room"
 
 
 class Fault(str, enum.Enum):
-    """Where and how a fault bends the flow (all on the decode side)."""
+    """Where and how a fault bends the flow."""
 
     PREFIX_UNALIGNED = "prefix_unaligned"   # tell prefill decode_prefix_len + 1
     PREFIX_EXCEEDS = "prefix_exceeds"       # tell prefill prompt_len + page_size
     TRANSFER_FAIL = "transfer_fail"         # decode marks the room failed right after prealloc
+    NIXL_STALL = "nixl_stall"               # prefill: the room's NIXL transfer never reports done
 
 
 def enabled() -> bool:

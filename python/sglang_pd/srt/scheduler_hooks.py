@@ -48,3 +48,35 @@ def around_set_internal_state(original, scheduler, recv_req):
         return SetInternalStateReqOutput(updated=True)
     recv_req.server_args = remaining
     return original(scheduler, recv_req)
+
+
+def after_retract_decode(result, batch):
+    """Count decode retractions (their locks are released through the ledger-checked unlock)."""
+    retracted, _ratio, _to_abort = result
+    STATE.num_retracted += len(retracted)
+    return result
+
+
+def after_init_disaggregation(result, scheduler):
+    """Label this scheduler's metrics with its role and backend; export them if metrics are on."""
+    from sglang.srt.runtime_context import get_observability
+
+    role = str(getattr(scheduler.disaggregation_mode, "value", scheduler.disaggregation_mode))
+    backend = str(getattr(scheduler.transfer_backend, "value", scheduler.transfer_backend))
+    try:
+        if get_observability().enable_metrics:
+            STATE.counters.bind(role, backend)
+        else:
+            STATE.counters.role, STATE.counters.backend = role, backend
+    except Exception:
+        STATE.count_hook_error("init_disaggregation")
+        logger.exception("sglang_pd: could not set up metrics")
+    return result
+
+
+def after_evict(result, tree_cache, *args, **kwargs):
+    """Count evicted tokens (any tree, any caller)."""
+    num = getattr(result, "num_tokens_evicted", 0) or 0
+    if num:
+        STATE.counters.add("evicted_tokens_total", num)
+    return result

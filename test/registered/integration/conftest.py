@@ -1,8 +1,10 @@
-"""Session-wide real deployments: started once, shared by every integration test, stopped by PID.
+"""Session-wide real deployments: started on first use, shared by every integration test, stopped
+by PID at the end of the session.
 
 `pd_page1`: prefill + decode (radix on) + plain server + router, page size 1 (mooncake_tcp).
-`pd_page16`: prefill + decode (radix on), page size 16; compared against `pd_page1`'s plain server
-(a plain server's greedy output does not depend on the KV page size).
+`pd_page16`: prefill + decode (radix on), page size 16 (mooncake_tcp).
+`pd_nixl`: prefill + decode (radix on), page size 16, NIXL over host memory.
+All compare against `pd_page1`'s plain server (greedy output does not depend on page size/backend).
 """
 
 import os
@@ -45,6 +47,17 @@ def pd_page1() -> PDDeployment:
 def pd_page16() -> PDDeployment:
     return _deployment("page16", DeploymentConfig(page_size=16, fault_injection=True,
                                                   log_dir=LOG_ROOT / "page16", env_overrides=_ENV))
+
+
+# NIXL stall bound for tests (default 60 s): an injected stall then fails within the test's patience.
+NIXL_STALL_S = 8
+
+
+@pytest.fixture(scope="session")
+def pd_nixl() -> PDDeployment:
+    env = _ENV + (("SGLANG_PD_NIXL_STALL_TIMEOUT_S", str(NIXL_STALL_S)),)
+    return _deployment("nixl", DeploymentConfig(page_size=16, transfer_backend="nixl", fault_injection=True,
+                                                log_dir=LOG_ROOT / "nixl", env_overrides=env))
 
 
 @pytest.fixture(params=[1, 16], ids=["page1", "page16"])

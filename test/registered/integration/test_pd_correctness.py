@@ -1,4 +1,5 @@
-"""PD pair (decode radix cache on) vs a plain server, and the decode_prefix_len that reaches prefill."""
+"""PD pair (decode radix cache on) vs a plain server, and the decode_prefix_len and pages that reach
+prefill: one suite (mixin), one class per transfer backend."""
 
 import random
 
@@ -25,39 +26,83 @@ def _prompts(seed: int) -> list[list[int]]:
     return lone + [base, base + [7, 8, 9], base[:30] + [11, 12], base[:48]]
 
 
-def test_pd_outputs_equal_plain(pd: PDDeployment, plain_url: str):
-    prompts = _prompts(seed=pd.config.page_size)
-    assert len(prompts) >= 8
-    for ids in prompts:
-        _, decoded, _ = pd.generate_pd(ids, NEW_TOKENS)
-        plain = pd.generate(plain_url, ids, NEW_TOKENS)
-        assert len(decoded["output_ids"]) == NEW_TOKENS
-        assert decoded["output_ids"] == plain["output_ids"], f"prompt len {len(ids)}"
+class CorrectnessSuite:
+    """The same checks for every transport; subclasses provide the `dep` fixture."""
+
+    def test_pd_outputs_equal_plain(self, dep: PDDeployment, plain_url: str):
+        prompts = _prompts(seed=dep.config.page_size)
+        assert len(prompts) >= 8
+        for ids in prompts:
+            _, decoded, _ = dep.generate_pd(ids, NEW_TOKENS)
+            assert len(decoded["output_ids"]) == NEW_TOKENS
+            assert decoded["output_ids"] == dep.generate(plain_url, ids, NEW_TOKENS)["output_ids"], len(ids)
+        dep.wait_clean()
+
+    def test_conversation_reuses_decode_prefix(self, dep: PDDeployment, plain_url: str):
+        """4 turns: outputs equal plain; turn >= 2 reuses exactly the page-aligned previous context.
+
+        Measured at prefill: the decode_prefix_len it was told, the KV pages it handed to its
+        transport and, over NIXL, the pages NIXL itself was asked to move.
+        """
+        page = dep.config.page_size
+        rng = random.Random(100 + page)
+        # Token 0 starts no other test prompt (those draw from 3..), so turn 1 matches nothing on decode.
+        conv = [0] + _tokens(rng, 36)
+        previous_context = 0
+        for turn in range(4):
+            _, decoded, room = dep.generate_pd(conv, NEW_TOKENS)
+            assert decoded["output_ids"] == dep.generate(plain_url, conv, NEW_TOKENS)["output_ids"]
+            record = dep.prefill_rooms()[room]
+            expected_prefix = page_align_floor(previous_context, page)
+            expected_pages = kv_to_page_num(len(conv) - expected_prefix, page)
+            assert record["prompt_len"] == len(conv)
+            assert record["decode_prefix_len"] == expected_prefix, f"turn {turn + 1}"
+            if turn >= 1:
+                assert record["decode_prefix_len"] > 0
+            assert record["num_pages_sent"] == expected_pages
+            if dep.config.transfer_backend == "nixl":
+                assert record["num_pages_nixl"] == expected_pages, f"turn {turn + 1}: counted at NIXL"
+            previous_context = len(conv) + len(decoded["output_ids"])
+            conv = conv + decoded["output_ids"] + _tokens(rng, 13)
+        dep.wait_clean()
+
+    def test_full_prefix_hit_moves_zero_pages(self, dep: PDDeployment, plain_url: str):
+        prompt = [2] + _tokens(random.Random(21), 47)  # 48 tokens: a multiple of both page sizes
+        first = dep.generate_pd(prompt, NEW_TOKENS)[1]
+        _, again, room = dep.generate_pd(prompt, NEW_TOKENS)
+        record = dep.prefill_rooms()[room]
+        assert record["decode_prefix_len"] == len(prompt)
+        assert record["num_pages_planned"] == 0 and record["num_pages_sent"] == 0
+        if dep.config.transfer_backend == "nixl":
+            assert record["num_pages_nixl"] == 0
+        assert again["output_ids"] == first["output_ids"] == dep.generate(plain_url, prompt, NEW_TOKENS)["output_ids"]
+        dep.wait_clean()
 
 
-def test_conversation_reuses_decode_prefix(pd: PDDeployment, plain_url: str):
-    """4 turns: outputs equal plain; turn >= 2 reuses exactly the page-aligned previous context.
+class TestMooncakeTcp(CorrectnessSuite):
+    @pytest.fixture(params=[1, 16], ids=["page1", "page16"])
+    def dep(self, request) -> PDDeployment:
+        return request.getfixturevalue(f"pd_page{request.param}")
 
-    Measured at prefill: the decode_prefix_len it was told and the KV pages it handed to its
-    transport. The previous turn's prompt + its output are resident on decode after that turn.
-    """
-    page = pd.config.page_size
-    rng = random.Random(100 + page)
-    # Token 0 starts no other test prompt (those draw from 3..), so turn 1 matches nothing on decode.
-    conv = [0] + _tokens(rng, 36)
-    previous_context = 0
-    for turn in range(4):
-        _, decoded, room = pd.generate_pd(conv, NEW_TOKENS)
-        assert decoded["output_ids"] == pd.generate(plain_url, conv, NEW_TOKENS)["output_ids"]
-        record = pd.prefill_rooms()[room]
-        expected_prefix = page_align_floor(previous_context, page)
-        assert record["prompt_len"] == len(conv)
-        assert record["decode_prefix_len"] == expected_prefix, f"turn {turn + 1}"
-        if turn >= 1:
-            assert record["decode_prefix_len"] > 0
-        assert record["num_pages_sent"] == kv_to_page_num(len(conv) - expected_prefix, page)
-        previous_context = len(conv) + len(decoded["output_ids"])
-        conv = conv + decoded["output_ids"] + _tokens(rng, 13)
+
+class TestNixlHostMemory(CorrectnessSuite):
+    @pytest.fixture
+    def dep(self, pd_nixl) -> PDDeployment:
+        return pd_nixl
+
+    def test_stalled_transfer_fails_in_bounded_time_and_releases(self, dep: PDDeployment, plain_url: str):
+        from conftest import NIXL_STALL_S
+        from sglang_pd.harness.deployment import new_bootstrap_room
+
+        prompt = _tokens(random.Random(33), 40)
+        room = new_bootstrap_room()
+        dep.arm_faults(dep.prefill, nixl_stall_room=room)
+        _, decoded, _ = dep.post_generate_pd(prompt, NEW_TOKENS, room=room, timeout=NIXL_STALL_S + 120)
+        assert decoded.status_code >= 400, decoded.text
+        assert dep.scheduler_state(dep.prefill)["prefill_transfer"]["num_nixl_stalls"] >= 1
+        assert dep.generate_pd(prompt, NEW_TOKENS)[1]["output_ids"] == \
+            dep.generate(plain_url, prompt, NEW_TOKENS)["output_ids"]
+        dep.wait_clean()
 
 
 def test_router_serves_same_outputs(pd_page1: PDDeployment, plain_url: str):

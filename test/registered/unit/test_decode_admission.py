@@ -22,9 +22,21 @@ def test_miss_plans_every_page_and_holds_nothing(pool, ledger):
     plan = _admit(pool, req)
     assert (plan.matched_len, plan.decode_prefix_len) == (0, 0)
     assert plan.num_new_pages == kv_to_page_num(11, pool.page_size)
-    assert ledger.owners() == {"miss": 1} and pool.protected() == 0
-    pool.tree.unlock(req.lock)
+    assert req.lock is None and ledger.owners() == {} and pool.protected() == 0
     assert pool.integrity(ledger).ok
+
+
+def test_refused_attempt_lock_is_released_on_retry(pool, ledger):
+    """SGLang's budget refusal keeps the lock of a request and re-admits it later."""
+    pool.cache_tokens(list(range(8)))
+    req = make_req("retry", list(range(8)) + [300, 301])
+    first = _admit(pool, req)
+    assert ledger.owners() == {"retry": 1} and first.decode_prefix_len == 8
+    second = _admit(pool, req)  # retried without the lock ever being given back
+    assert second == first and ledger.owners() == {"retry": 1}
+    assert STATE.decode_admission.num_stale_locks_released == 1 and STATE.decode_admission.num_replans == 1
+    pool.tree.unlock(req.lock)
+    assert pool.integrity(ledger).ok and ledger.num_double_releases == 0
 
 
 def test_hit_is_page_aligned_and_locked_before_prealloc(pool, ledger):
@@ -64,8 +76,7 @@ def test_warmup_and_health_never_use_the_tree(pool, ledger, kind, host):
     plan = _admit(pool, req, kind)
     assert plan.kind is kind and plan.decode_prefix_len == 0
     assert req.skip_radix_cache_insert, "their tokens must never be inserted"
-    assert pool.protected() == 0
-    pool.tree.unlock(req.lock)
+    assert pool.protected() == 0 and req.lock is None
     assert pool.integrity(ledger).ok
     assert STATE.decode_admission.snapshot()["num_skipped_tree"] == 1
 
@@ -85,4 +96,3 @@ def test_handoff_mismatch_is_counted(pool, ledger):
     assert STATE.decode_admission.record_handoff("h", 0, plan.num_new_pages + 1) == plan
     assert STATE.decode_admission.num_handoff_mismatches == 1
     assert STATE.decode_admission.record_handoff("never-planned", 0, 3) is None
-    pool.tree.unlock(req.lock)

@@ -67,6 +67,8 @@ def test_entry_point_loads_in_main_and_scheduler_processes():
     """)
     assert proc.returncode == 0, proc.stderr
     assert "KIND scheduler" in proc.stdout
+    expected = [f"{s.hook_type} {s.target}" for s in hooks_for(ProcessKind.SCHEDULER)]
+    assert f"SNAP {expected}" in proc.stdout, "every scheduler hook of the table is really patched"
     assert "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.finalize_bootstrap" in proc.stdout
     assert "sglang_pd 0.1.0 active in scheduler process" in proc.stderr
 
@@ -74,10 +76,13 @@ def test_entry_point_loads_in_main_and_scheduler_processes():
         from sglang.srt.plugins import load_plugins
         from sglang_pd.process_state import STATE
         load_plugins()
-        print("KIND", STATE.kind.value, STATE.patched_hooks())
+        print("KIND", STATE.kind.value)
+        print("PATCHED", STATE.patched_hooks())
     """)
     assert proc.returncode == 0, proc.stderr
-    assert "KIND http ['BEFORE sglang.srt.entrypoints.http_server.launch_server']" in proc.stdout
+    assert "KIND http" in proc.stdout
+    expected = [f"{s.hook_type} {s.target}" for s in hooks_for(ProcessKind.HTTP)]
+    assert f"PATCHED {expected}" in proc.stdout
 
 
 def test_other_sglang_version_refused_with_one_line():

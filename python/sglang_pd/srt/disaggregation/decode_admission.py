@@ -60,8 +60,9 @@ class DecodePrefixAdmission:
     Must be called on the scheduler thread (the only thread touching the tree).
     """
 
-    def __init__(self, ledger: LockLedger, max_plans: int = 4096):
+    def __init__(self, ledger: LockLedger, max_plans: int = 4096, counters=None):
         self.ledger = ledger
+        self.counters = counters  # PDCounters, optional
         self.max_plans = max_plans
         self._plans: OrderedDict[str, AdmissionPlan] = OrderedDict()
         self._handoffs: dict[str, HandoffRecord] = {}
@@ -72,15 +73,21 @@ class DecodePrefixAdmission:
         self.num_pages_planned = 0
         self.num_pages_saved = 0
         self.num_handoff_mismatches = 0
+        self.num_replans = 0  # admitted again before any hand-off: the earlier lock was given back
+        self.num_stale_locks_released = 0
 
     def match_and_lock(self, req: Any, tree_cache: Any, kind: RequestKind, match_fn: Callable,
                        max_prefix_len: int | None = None) -> Any:
         """Match `req.origin_input_ids`, lock the matched node as `req.lock`, record the plan.
 
+        A zero-length match takes no lock (`req.lock` is None). A lock still held from an earlier,
+        refused attempt of the same request is released first.
+
         `match_fn` is SGLang's `match_kv_cache(req, tree, token_ids, max_prefix_len=...)`, which adopts
         the hit as the request's prefix. Returns its MatchResult. Raises AdmissionError if the hit is
         not page-aligned or longer than the prompt (the lock is then not taken).
         """
+        self._release_stale_lock(req, tree_cache)
         skip = kind is not RequestKind.NORMAL
         if skip:
             req.skip_radix_cache_insert = True
@@ -95,13 +102,30 @@ class DecodePrefixAdmission:
             check_decode_prefix_len(prefix_len, prompt_len, page_size)
         except ValueError as exc:
             raise AdmissionError(f"decode admission of {req.rid}: {exc}") from exc
-        with owner_scope(str(req.rid), num_tokens=matched):
-            req.lock = tree_cache.lock(result.last_device_node)
+        if prefix_len == 0:
+            req.lock = None  # nothing to protect; a root lock would only be one more to lose
+        else:
+            with owner_scope(str(req.rid), num_tokens=matched):
+                req.lock = tree_cache.lock(result.last_device_node)
         self._record_plan(AdmissionPlan(str(req.rid), kind, prompt_len, page_size, matched, prefix_len,
                                         kv_to_page_num(prompt_len - prefix_len, page_size)))
         return result
 
+    def _release_stale_lock(self, req: Any, tree_cache: Any) -> None:
+        """Give back the lock of an earlier, refused admission attempt of this same request.
+
+        SGLang's budget refusal after the lock unlocks only non-empty matches and then overwrites
+        `req.lock` on the retry; the lock object left over must still be released exactly once.
+        """
+        stale = getattr(req, "lock", None)
+        if stale is not None:
+            tree_cache.unlock(stale)
+            req.lock = None
+            self.num_stale_locks_released += 1
+
     def _record_plan(self, plan: AdmissionPlan) -> None:
+        if plan.rid in self._plans and plan.rid not in self._handoffs:
+            self.num_replans += 1
         self._plans.pop(plan.rid, None)
         self._plans[plan.rid] = plan
         while len(self._plans) > self.max_plans:
@@ -111,10 +135,15 @@ class DecodePrefixAdmission:
         if plan.kind is not RequestKind.NORMAL:
             self.num_skipped_tree += 1
             return
+        saved = kv_to_page_num(plan.prompt_len, plan.page_size) - plan.num_new_pages
         self.num_prompt_tokens += plan.prompt_len
         self.num_prefix_hit_tokens += plan.decode_prefix_len
         self.num_pages_planned += plan.num_new_pages
-        self.num_pages_saved += kv_to_page_num(plan.prompt_len, plan.page_size) - plan.num_new_pages
+        self.num_pages_saved += saved
+        if self.counters is not None:
+            self.counters.add("decode_prompt_tokens_total", plan.prompt_len)
+            self.counters.add("decode_prefix_hit_tokens_total", plan.decode_prefix_len)
+            self.counters.add("decode_pages_saved_total", saved)
 
     def record_handoff(self, rid: str, decode_prefix_len: int, num_pages: int) -> AdmissionPlan | None:
         """Record what SGLang handed to the transfer layer; count (and return) a mismatching plan.
@@ -146,6 +175,8 @@ class DecodePrefixAdmission:
             "num_pages_planned": self.num_pages_planned,
             "num_pages_saved": self.num_pages_saved,
             "num_handoff_mismatches": self.num_handoff_mismatches,
+            "num_replans": self.num_replans,
+            "num_stale_locks_released": self.num_stale_locks_released,
             "plans": {p.rid: dict(asdict(p), kind=p.kind.value,
                                   handoff=asdict(self._handoffs[p.rid]) if p.rid in self._handoffs else None)
                       for p in recent},

@@ -7,7 +7,8 @@ import logging
 from sglang_pd.process_state import STATE
 from sglang_pd.srt.disaggregation.decode_admission import AdmissionError, RequestKind
 from sglang_pd.srt.fault_injection import Fault
-from sglang_pd.srt.mem_cache.common import kv_to_page_num
+from sglang_pd.srt.disaggregation.request_fields import attach_request_fields
+from sglang_pd.srt.mem_cache.common import bytes_per_page, kv_to_page_num
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +68,11 @@ def around_send_kv_metadata(original, queue, decode_req, kv_indices, page_size, 
     num_pages = kv_to_page_num(len(kv_indices), page_size)
     try:
         mismatch = STATE.decode_admission.record_handoff(str(req.rid), prefix_len, num_pages)
+        if request_kind(req) is RequestKind.NORMAL:  # warmup / health checks move no real KV
+            num_bytes = num_pages * bytes_per_page(decode_req.kv_receiver.kv_mgr.kv_args)
+            STATE.counters.add("kv_pages_transferred_total", num_pages)
+            STATE.counters.add("kv_bytes_transferred_total", num_bytes)
+            attach_request_fields(req, prefix_len, num_pages, num_bytes)
         if mismatch is not None:
             logger.error("sglang_pd: %s handed decode_prefix_len=%s, %s pages to transfer; plan was %s",
                          req.rid, prefix_len, num_pages, mismatch)

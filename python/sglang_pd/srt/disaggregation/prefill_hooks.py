@@ -1,4 +1,4 @@
-"""Thin hooks on SGLang's prefill side: validate what decode asked for, record what was sent."""
+"""Thin hooks on SGLang's prefill side: validate what decode sent and asked for, record what was sent."""
 
 from __future__ import annotations
 
@@ -6,6 +6,8 @@ import logging
 
 from sglang_pd.process_state import STATE
 from sglang_pd.srt.disaggregation.prefill_guard import validate_decode_prefix_len
+from sglang_pd.srt.disaggregation.transfer_info_guard import MOONCAKE, NIXL, check_frames
+from sglang_pd.srt.mem_cache.common import bytes_per_page
 
 logger = logging.getLogger(__name__)
 
@@ -20,6 +22,7 @@ def around_finalize_bootstrap(original, queue, req):
     if not verdict.ok:
         logger.error("%s (request %s, room %s)", verdict.reason, req.rid, room)
         STATE.prefill_log.record_rejection(room, str(req.rid), verdict.reason)
+        STATE.counters.add("prefill_rejected_requests_total", 1)
         # Reason recorded, room failed, decode told; the next poll aborts this request only.
         sender.kv_mgr.conclude_failure(bootstrap_room=room, failure_reason=verdict.reason)
         return False
@@ -41,7 +44,40 @@ def after_prepare_send_indices(result, sender, kv_indices, state_indices=None):
     if not should_skip:
         try:
             STATE.prefill_log.record_pages_sent(int(sender.bootstrap_room), len(page_indices))
+            STATE.counters.add("kv_pages_transferred_total", len(page_indices))
+            STATE.counters.add("kv_bytes_transferred_total",
+                               len(page_indices) * bytes_per_page(sender.kv_mgr.kv_args))
         except Exception:
             STATE.count_hook_error("prepare_send_indices")
             logger.exception("sglang_pd: failed to count sent pages")
     return result
+
+
+def _guard_bootstrap_message(original, mgr, msg, layout):
+    if original(mgr, msg):
+        return True  # an abort notification, handled by SGLang
+    if str(getattr(mgr.disaggregation_mode, "value", mgr.disaggregation_mode)) != "prefill":
+        return False
+    verdict = check_frames(msg, layout)
+    if verdict.reason is None:
+        return False
+    reason = f"sglang_pd: rejected by prefill: {verdict.reason}"
+    logger.error(reason)
+    STATE.counters.add("prefill_rejected_requests_total", 1)
+    if verdict.room is not None:
+        from sglang.srt.disaggregation.base.conn import KVPoll
+
+        STATE.prefill_log.record_rejection(verdict.room, "", reason)
+        mgr.record_failure(verdict.room, reason)
+        mgr.update_status(verdict.room, KVPoll.Failed)
+    return True  # consumed: upstream's parser never sees it, its thread lives on
+
+
+def around_mooncake_message(original, mgr, msg):
+    """Drop (and fail the room of) a malformed mooncake transfer-info message before upstream parses it."""
+    return _guard_bootstrap_message(original, mgr, msg, MOONCAKE)
+
+
+def around_nixl_message(original, mgr, msg):
+    """Same for NIXL, whose messages also carry a guard frame."""
+    return _guard_bootstrap_message(original, mgr, msg, NIXL)

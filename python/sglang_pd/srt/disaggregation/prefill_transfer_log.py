@@ -27,6 +27,8 @@ class RoomTransfer:
     decode_prefix_len: int
     num_pages_planned: int
     num_pages_sent: int = 0
+    num_pages_nixl: int = 0  # pages NIXL itself was asked to move (nixl backend only)
+    num_bytes_nixl: int = 0
 
 
 class PrefillTransferLog:
@@ -47,6 +49,9 @@ class PrefillTransferLog:
         self.num_pages_sent = 0
         self.num_pages_sent_unknown_room = 0
         self.num_rejected = 0
+        self.num_pages_nixl = 0
+        self.num_bytes_nixl = 0
+        self.num_nixl_stalls = 0
         self._rejections: OrderedDict[int, tuple[str, str]] = OrderedDict()  # room -> (rid, reason)
 
     def record_bootstrap(self, room: int, rid: str, prompt_len: int, page_size: int,
@@ -82,6 +87,19 @@ class PrefillTransferLog:
         else:
             entry.num_pages_sent += num_pages
 
+    def record_nixl_pages(self, room: int | None, num_pages: int, num_bytes: int) -> None:
+        """Add pages/bytes NIXL was asked to move for `room` (None: unknown room)."""
+        self.num_pages_nixl += num_pages
+        self.num_bytes_nixl += num_bytes
+        entry = self._rooms.get(room) if room is not None else None
+        if entry is not None:
+            entry.num_pages_nixl += num_pages
+            entry.num_bytes_nixl += num_bytes
+
+    def record_stall(self, room: int | None) -> None:
+        """Count a NIXL transfer declared stalled (and failed)."""
+        self.num_nixl_stalls += 1
+
     def get(self, room: int) -> RoomTransfer | None:
         """The record for `room`, or None if unknown or already dropped."""
         return self._rooms.get(room)
@@ -97,6 +115,9 @@ class PrefillTransferLog:
             "num_pages_sent": self.num_pages_sent,
             "num_pages_sent_unknown_room": self.num_pages_sent_unknown_room,
             "num_rejected": self.num_rejected,
+            "num_pages_nixl": self.num_pages_nixl,
+            "num_bytes_nixl": self.num_bytes_nixl,
+            "num_nixl_stalls": self.num_nixl_stalls,
             "rejections": {str(room): {"rid": rid, "reason": reason}
                            for room, (rid, reason) in list(self._rejections.items())[-max_recent:]},
             "rooms": {str(r.room): asdict(r) for r in recent},

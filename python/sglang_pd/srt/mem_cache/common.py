@@ -30,6 +30,11 @@ def kv_to_page_num(num_tokens: int, page_size: int) -> int:
     return -(-num_tokens // page_size)
 
 
+def bytes_per_page(kv_args) -> int:
+    """Bytes one KV page occupies over all layers (K and V): the sum of SGLang's kv_item_lens."""
+    return int(sum(kv_args.kv_item_lens))
+
+
 def kv_to_page_indices(kv_indices: Sequence[int], page_size: int) -> list[int]:
     """Page index of every page touched by a page-aligned run of token slots.
 

@@ -1,0 +1,1 @@
+"""Benchmark building blocks: streaming PD client, multi-turn workload, statistics and report."""

@@ -1,0 +1,147 @@
+"""Multi-turn cache-hit benchmark: the same workload with decode radix cache OFF and ON, side by side.
+
+    python -m sglang_pd.bench_multiturn --preset short            # README main job (~3-4 min here)
+    python -m sglang_pd.bench_multiturn --preset capacity         # FINDINGS §5 mechanism (decode pool < clients x prefix)
+    python -m sglang_pd.bench_multiturn --prefill-url URL --decode-url URL --bootstrap-port P   # attach (one config)
+
+Each configuration gets its own fresh PD deployment (started, primed with the shared system prompt,
+measured, stopped). Prints a table (TTFT p50/p90/p99, ITL, request and token throughput, decode hit
+rate, KV pages and bytes transferred, measured at prefill), writes JSON and a PNG of per-round TTFT
+and hit rate, and checks that greedy outputs are identical OFF vs ON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from sglang_pd.bench.multiturn_workload import WorkloadConfig, run_workload, system_prompt
+from sglang_pd.bench.pd_client import pd_stream
+from sglang_pd.bench.report import format_table, plot, summarize
+from sglang_pd.harness import DeploymentConfig, PDDeployment
+
+PRESETS: dict[str, tuple[dict, dict]] = {  # name -> (workload, deployment)
+    "tiny": (dict(num_clients=3, num_rounds=2, system_len=64, first_question_len=16, question_len=8,
+                  max_new_tokens=8, concurrency=3), dict(model="tiny", page_size=16)),
+    "short": (dict(num_clients=8, num_rounds=4, system_len=384, first_question_len=32, question_len=16,
+                   max_new_tokens=24, concurrency=8),
+              dict(model="tiny", page_size=1, decode_max_total_tokens=2048, num_reserved_decode_tokens=32)),
+    "capacity": (dict(num_clients=32, num_rounds=4, system_len=768, first_question_len=32, question_len=16,
+                      max_new_tokens=32, concurrency=32),
+                 dict(model="capacity", page_size=1, decode_max_total_tokens=4096, num_reserved_decode_tokens=32,
+                      prefill_max_total_tokens=16384)),
+}
+WORKLOAD_FLAGS = [f.name for f in dataclasses.fields(WorkloadConfig)]
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--preset", choices=sorted(PRESETS), default="short")
+    p.add_argument("--modes", default="off,on", help="decode radix cache configurations to run, in order")
+    p.add_argument("--model", help="built-in model (overrides the preset's)")
+    p.add_argument("--transfer-backend", default="mooncake_tcp", choices=("mooncake_tcp", "nixl"))
+    for name in WORKLOAD_FLAGS:
+        kind = {"request_rate": float, "round_barrier": None}.get(name, int)
+        flag = "--" + name.replace("_", "-")
+        if kind is None:
+            p.add_argument(flag, action="store_true", default=None, help="see WorkloadConfig")
+        else:
+            p.add_argument(flag, type=kind, help="override the preset (see WorkloadConfig)")
+    p.add_argument("--prefill-url"), p.add_argument("--decode-url"), p.add_argument("--bootstrap-port", type=int)
+    p.add_argument("--label", default="attached", help="column name in attach mode")
+    p.add_argument("--out-dir", default="bench_results", help="where the JSON and PNG go")
+    p.add_argument("--no-progress", action="store_true")
+    args = p.parse_args(argv)
+    attach = [args.prefill_url, args.decode_url, args.bootstrap_port]
+    if any(attach) and not all(attach):
+        p.error("attach mode needs all of --prefill-url, --decode-url and --bootstrap-port")
+    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if not all(m in ("off", "on") for m in args.modes) or not args.modes:
+        p.error(f"--modes must list off and/or on, got {args.modes}")
+    return args
+
+
+def workload_config(args) -> WorkloadConfig:
+    base = dict(PRESETS[args.preset][0])
+    base.update({k: getattr(args, k) for k in WORKLOAD_FLAGS if getattr(args, k) is not None})
+    return WorkloadConfig(**base)
+
+
+def _prefill_transfer(url: str) -> dict:
+    state = PDDeployment.get_json(url, "/sglang_pd/stats")["schedulers"][0]["counters"]
+    return {"pages": state["kv_pages_transferred_total"], "bytes": state["kv_bytes_transferred_total"]}
+
+
+def measure(prefill_url, decode_url, bootstrap_port, cfg: WorkloadConfig, label: str, progress: bool):
+    """Prime the shared prefix, run the workload, return (summary, outputs by (client, round))."""
+    send = lambda ids, n: pd_stream(prefill_url, decode_url, bootstrap_port, ids, n)  # noqa: E731
+    primed = send(system_prompt(cfg), 1)
+    if not primed.ok:
+        raise RuntimeError(f"priming request failed: {primed.error}")
+    before = _prefill_transfer(prefill_url)
+    bar = tqdm(total=cfg.num_clients * cfg.num_rounds, desc=f"radix {label}", disable=not progress, file=sys.stderr)
+    start = time.perf_counter()
+    records = run_workload(cfg, send, on_done=lambda r: bar.update(1))
+    duration = time.perf_counter() - start
+    bar.close()
+    after = _prefill_transfer(prefill_url)
+    transfer = {k: after[k] - before[k] for k in after}
+    outputs = {(r.client, r.round): r.result.output_ids for r in records}
+    return summarize(records, duration, transfer), outputs
+
+
+def run_mode(mode: str, args, cfg: WorkloadConfig):
+    """Fresh deployment for one configuration; stopped whatever happens."""
+    deploy = dict(PRESETS[args.preset][1], transfer_backend=args.transfer_backend)
+    if args.model:
+        deploy["model"] = args.model
+    t0 = time.perf_counter()
+    with PDDeployment(DeploymentConfig(decode_radix=(mode == "on"), **deploy)) as dep:
+        print(f"[radix {mode}] PD pair up in {time.perf_counter() - t0:.0f}s (logs {dep.log_dir})", file=sys.stderr)
+        return measure(dep.prefill.url, dep.decodes[0].url, dep.bootstrap_port, cfg, mode, not args.no_progress)
+
+
+def machine() -> str:
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{platform.machine()} {os.cpu_count()} cores, {mem_gib:.0f} GiB, no GPU, Python {platform.python_version()}"
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    cfg = workload_config(args)
+    results, outputs = {}, {}
+    if args.prefill_url:
+        results[args.label], outputs[args.label] = measure(args.prefill_url, args.decode_url, args.bootstrap_port,
+                                                           cfg, args.label, not args.no_progress)
+    else:
+        for mode in args.modes:
+            results[mode], outputs[mode] = run_mode(mode, args, cfg)
+    same = None
+    if "off" in outputs and "on" in outputs:
+        same = sum(outputs["off"][k] == outputs["on"].get(k) for k in outputs["off"])
+    out = Path(args.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    report = {"preset": args.preset, "machine": machine(), "workload": dataclasses.asdict(cfg),
+              "deployment": PRESETS[args.preset][1], "transfer_backend": args.transfer_backend,
+              "results": results, "identical_outputs_off_vs_on": same}
+    (out / f"bench_multiturn_{args.preset}.json").write_text(json.dumps(report, indent=2))
+    plot(results, str(out / f"bench_multiturn_{args.preset}.png"))
+    print(f"\nbench_multiturn preset={args.preset} backend={args.transfer_backend} on {machine()}")
+    print(f"workload: {json.dumps(dataclasses.asdict(cfg))}\n")
+    print(format_table(results))
+    if same is not None:
+        print(f"\nidentical greedy outputs OFF vs ON: {same}/{len(outputs['off'])}")
+    print(f"\nJSON and PNG in {out}/")
+    return 0 if all(r["failed"] == 0 for r in results.values()) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,102 @@
+"""A decode pool too small for the load: retraction and admission refused after the lock, both
+balanced; then the prefill server dies with requests in flight. Own deployment (it kills prefill)."""
+
+import concurrent.futures as cf
+import random
+import time
+import uuid
+
+import pytest
+import requests
+
+from conftest import LOG_ROOT, WAITING_TIMEOUT_S
+from sglang_pd.harness import DeploymentConfig, PDDeployment
+from sglang_pd.models import VOCAB_SIZE
+
+pytestmark = pytest.mark.integration
+
+NUM_REQUESTS = 6
+NEW_TOKENS = 160
+
+
+@pytest.fixture(scope="module")
+def pd_pressure():
+    # 6 requests x (64 prompt + 160 new) tokens need ~1350 slots; the decode pool has 768.
+    config = DeploymentConfig(page_size=16, decode_max_total_tokens=768, num_reserved_decode_tokens=32,
+                              log_dir=LOG_ROOT / "pressure",
+                              env_overrides=(("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)),))
+    dep = PDDeployment(config).start()
+    try:
+        yield dep
+    finally:
+        dep.stop()
+
+
+def test_retraction_keeps_outputs_and_stays_balanced(pd_pressure: PDDeployment, plain_url: str):
+    dep = pd_pressure
+    rng = random.Random(7)
+    shared = [6] + [rng.randrange(3, VOCAB_SIZE) for _ in range(47)]
+    prompts = [shared + [rng.randrange(3, VOCAB_SIZE) for _ in range(16)] for _ in range(NUM_REQUESTS)]
+    dep.generate_pd(shared, 4)  # the shared prefix is now on decode
+    with cf.ThreadPoolExecutor(NUM_REQUESTS) as pool:
+        outs = list(pool.map(lambda p: dep.generate_pd(p, NEW_TOKENS)[1]["output_ids"], prompts))
+    state = dep.scheduler_state(dep.decodes[0])
+    print(f"\nPRESSURE retracted={state['num_retracted']} locks={state['lock_ledger']['num_locks']}")
+    assert state["num_retracted"] > 0, "the load must force decode retraction"
+    for prompt, out in zip(prompts, outs):
+        assert out == dep.generate(plain_url, prompt, NEW_TOKENS)["output_ids"]
+    reports = dep.wait_clean(timeout_s=120)
+    assert reports["decode0"]["lock_ledger"]["num_double_releases"] == 0
+
+
+def test_admission_refused_after_lock_releases_it(pd_pressure: PDDeployment, plain_url: str):
+    """Decode-only requests pin most of the pool in the transfer queue (not retractable); a new
+    request is then matched and locked, refused for budget, unlocked, and retried until room frees."""
+    dep = pd_pressure
+    rng = random.Random(11)
+    fillers = [f"pin-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    with cf.ThreadPoolExecutor(4) as pool:
+        pinned = [pool.submit(dep.post_generate, dep.decodes[0].url,
+                              [rng.randrange(3, VOCAB_SIZE) for _ in range(192)], 8, 300, rid=rid, **dep.pairing())
+                  for rid in fillers]
+        deadline = time.monotonic() + 60
+        while not all(r in dep.scheduler_state(dep.decodes[0])["decode_admission"]["plans"] for r in fillers):
+            assert time.monotonic() < deadline, "fillers were not admitted"
+            time.sleep(0.2)
+        replans0 = dep.scheduler_state(dep.decodes[0])["decode_admission"]["num_replans"]
+        prompt = [rng.randrange(3, VOCAB_SIZE) for _ in range(160)]
+        waiting = pool.submit(dep.generate_pd, prompt, 8)
+        deadline = time.monotonic() + 60
+        while dep.scheduler_state(dep.decodes[0])["decode_admission"]["num_replans"] <= replans0:
+            assert time.monotonic() < deadline, "the request was never refused after its lock"
+            time.sleep(0.2)
+        for rid in fillers:
+            dep.abort(dep.decodes[0], rid)
+        out = waiting.result(timeout=120)[1]["output_ids"]
+        for fut in pinned:
+            fut.result(timeout=60)
+    assert out == dep.generate(plain_url, prompt, 8)["output_ids"]
+    reports = dep.wait_clean(timeout_s=120)
+    assert reports["decode0"]["lock_ledger"]["num_double_releases"] == 0
+
+
+def test_prefill_death_releases_decode_locks_and_pages(pd_pressure: PDDeployment):
+    dep = pd_pressure
+    rid = f"orphan-{uuid.uuid4().hex[:8]}"
+    rng = random.Random(8)
+    prompt = [rng.randrange(3, VOCAB_SIZE) for _ in range(48)]
+    dep.generate_pd(prompt, 8)  # decode holds this prefix: the orphan below locks it
+    prompt = prompt + [rng.randrange(3, VOCAB_SIZE) for _ in range(9)]
+    with cf.ThreadPoolExecutor(1) as pool:
+        # Decode-only: preallocated and locked, waiting for KV from a prefill that is about to die.
+        orphan = pool.submit(dep.post_generate, dep.decodes[0].url, prompt, 8, 300, rid=rid, **dep.pairing())
+        deadline = time.monotonic() + 60
+        while rid not in dep.scheduler_state(dep.decodes[0])["decode_admission"]["plans"]:
+            assert time.monotonic() < deadline, "decode never admitted the request"
+            time.sleep(0.2)
+        assert dep.scheduler_state(dep.decodes[0])["lock_ledger"]["num_outstanding"] >= 1
+        dep.prefill.stop(grace_s=0)
+        resp = orphan.result(timeout=WAITING_TIMEOUT_S + 120)
+    assert resp.status_code >= 400, resp.text
+    dep.wait_clean(timeout_s=60, servers=dep.decodes)
+    assert requests.get(dep.decodes[0].url + "/health", timeout=30).status_code == 200

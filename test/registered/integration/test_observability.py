@@ -1,0 +1,81 @@
+"""Decode-side hits made visible: per-request meta_info fields, /sglang_pd/stats counters and
+Prometheus metrics on /metrics, each moving by exactly the expected amount over 3 turns."""
+
+import json
+import random
+
+import pytest
+
+from sglang_pd.harness import PDDeployment
+from sglang_pd.models import VOCAB_SIZE, model_config
+from sglang_pd.srt.mem_cache.common import kv_to_page_num, page_align_floor
+
+pytestmark = pytest.mark.integration
+
+COUNTERS = ("decode_prompt_tokens_total", "decode_prefix_hit_tokens_total", "decode_pages_saved_total",
+            "kv_pages_transferred_total", "kv_bytes_transferred_total")
+
+
+def _bytes_per_page(page_size: int) -> int:
+    cfg = model_config("tiny")  # float32 K and V for every layer
+    return cfg["num_hidden_layers"] * 2 * cfg["num_key_value_heads"] * cfg["head_dim"] * 4 * page_size
+
+
+def _metric(samples: dict, name: str, role: str) -> float:
+    hits = [v for k, v in samples.items() if k.startswith(f"sglang_pd:{name}{{") and f'role="{role}"' in k]
+    assert len(hits) == 1, (name, role, samples)
+    return hits[0]
+
+
+def _delta(after: dict, before: dict) -> dict:
+    return {k: after[k] - before[k] for k in COUNTERS}
+
+
+def test_three_turn_conversation_moves_every_counter_exactly(pd: PDDeployment):
+    page, bpp = pd.config.page_size, _bytes_per_page(pd.config.page_size)
+    dec, pre = pd.decodes[0], pd.prefill
+    pd.wait_clean()
+    stats0 = {s.name: pd.scheduler_state(s)["counters"] for s in (dec, pre)}
+    prom0 = {s.name: pd.scrape_metrics(s) for s in (dec, pre)}
+    rng = random.Random(300 + page)
+    conv = [8] + [rng.randrange(3, VOCAB_SIZE) for _ in range(50)]
+    expected = {k: 0 for k in COUNTERS}
+    context = 0
+    for turn in range(3):
+        _, decoded, _ = pd.generate_pd(conv, 8)
+        prefix = page_align_floor(context, page)
+        pages = kv_to_page_num(len(conv) - prefix, page)
+        meta = decoded["meta_info"]
+        assert (meta["decode_prefix_len"], meta["decode_kv_pages_transferred"], meta["decode_kv_bytes_transferred"]) \
+            == (prefix, pages, pages * bpp), f"turn {turn + 1}: {json.dumps(meta)}"
+        expected["decode_prompt_tokens_total"] += len(conv)
+        expected["decode_prefix_hit_tokens_total"] += prefix
+        expected["decode_pages_saved_total"] += kv_to_page_num(len(conv), page) - pages
+        expected["kv_pages_transferred_total"] += pages
+        expected["kv_bytes_transferred_total"] += pages * bpp
+        context = len(conv) + len(decoded["output_ids"])
+        conv = conv + decoded["output_ids"] + [rng.randrange(3, VOCAB_SIZE) for _ in range(11)]
+    assert expected["decode_prefix_hit_tokens_total"] > 0
+    reports = pd.wait_clean()
+    dec_delta = _delta(reports[dec.name]["counters"], stats0[dec.name])
+    assert dec_delta == expected
+    pre_delta = _delta(reports[pre.name]["counters"], stats0[pre.name])
+    assert (pre_delta["kv_pages_transferred_total"], pre_delta["kv_bytes_transferred_total"]) == \
+        (expected["kv_pages_transferred_total"], expected["kv_bytes_transferred_total"])
+    prom1 = {s.name: pd.scrape_metrics(s) for s in (dec, pre)}
+    for name in COUNTERS:
+        got = _metric(prom1[dec.name], name, "decode") - _metric(prom0[dec.name], name, "decode")
+        assert got == expected[name], name
+    for name in ("kv_pages_transferred_total", "kv_bytes_transferred_total"):
+        got = _metric(prom1[pre.name], name, "prefill") - _metric(prom0[pre.name], name, "prefill")
+        assert got == expected[name], name
+    assert _metric(prom1[dec.name], "tree_locks_outstanding", "decode") == 0
+    assert reports[dec.name]["counters"]["integrity_failures_total"] == 0
+
+
+def test_stats_endpoint_has_counters_tree_and_ledger(pd_page1: PDDeployment):
+    state = pd_page1.scheduler_state(pd_page1.decodes[0])
+    assert {"counters", "integrity", "lock_ledger", "decode_admission"} <= set(state)
+    assert state["counters"]["role"] == "decode"
+    assert {"evictable_tokens", "protected_tokens", "free_tokens", "total_tokens"} <= set(state["integrity"])
+    assert {"num_outstanding", "num_locks", "num_releases", "num_double_releases"} <= set(state["lock_ledger"])
