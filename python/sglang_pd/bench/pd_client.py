@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 import requests
 
 from sglang_pd.harness.deployment import new_bootstrap_room
+from sglang_pd.srt.disaggregation.request_fields import FIELDS
 
 
 @dataclass
@@ -26,6 +27,12 @@ class StreamResult:
     meta_info: dict = field(default_factory=dict)
     room: int = 0
     error: str = ""
+
+
+def _plain_fields(meta_info: dict) -> dict:
+    """Streamed chunks after the first repeat request-level fields as SGLang's accumulated
+    one-element list; read them as the number they are."""
+    return {k: (v[0] if k in FIELDS and isinstance(v, list) and len(v) == 1 else v) for k, v in meta_info.items()}
 
 
 def _stream_decode(url: str, body: dict, start: float, timeout: float, result: StreamResult) -> None:
@@ -49,7 +56,7 @@ def _stream_decode(url: str, body: dict, start: float, timeout: float, result: S
                 result.itl_s.extend([(now - last) / len(new)] * len(new))
             last = now
             result.output_ids.extend(new)
-            result.meta_info = chunk.get("meta_info", result.meta_info)
+            result.meta_info = _plain_fields(chunk.get("meta_info", result.meta_info))
     result.ok = True
 
 

@@ -14,7 +14,7 @@ import requests
 
 from sglang_pd.harness.cpu_env import cpu_server_args, server_env
 from sglang_pd.harness.server import ServerProcess, ServerStartError, free_port
-from sglang_pd.models import DEFAULT_MODEL, ensure_model_dir
+from sglang_pd.models import DEFAULT_MODEL, ensure_model_dir, is_real_model
 from sglang_pd.srt.fault_injection import ENABLE_ENV as FAULT_ENV
 
 TRANSFER_BACKENDS = ("mooncake_tcp", "nixl")
@@ -74,8 +74,8 @@ class PDDeployment:
 
     # ---- argv -------------------------------------------------------------------------------------
     def _common_args(self, max_total_tokens: int) -> list[str]:
-        return ["--model-path", str(self.model_dir), "--load-format", "dummy", "--skip-tokenizer-init",
-                "--host", "127.0.0.1", "--page-size", str(self.config.page_size),
+        weights = [] if is_real_model(self.config.model) else ["--load-format", "dummy", "--skip-tokenizer-init"]
+        return ["--model-path", str(self.model_dir), *weights, "--host", "127.0.0.1", "--page-size", str(self.config.page_size),
                 "--max-total-tokens", str(max_total_tokens), "--log-level", "warning",
                 *(["--enable-metrics"] if self.config.enable_metrics else []), *cpu_server_args()]
 
@@ -134,6 +134,23 @@ class PDDeployment:
         router = ServerProcess("router", argv, self.env, port, self.log_dir, health_path="/readiness")
         router.start()
         router.wait_healthy(deadline)
+        return router
+
+    def start_launcher(self, policy: str, timeout_s: float = 120) -> ServerProcess:
+        """Start `python -m sglang_pd.launch_router` over this deployment (caller stops it)."""
+        port = free_port()
+        argv = [sys.executable, "-m", "sglang_pd.launch_router", "--policy", policy, "--port", str(port),
+                "--prefill", self.prefill.url, str(self.bootstrap_port),
+                *[a for d in self.decodes for a in ("--decode", d.url)],
+                "--router-arg=--log-level", "--router-arg=warn",
+                "--router-arg=--health-check-interval-secs", "--router-arg=2"]
+        router = ServerProcess(f"launcher-{policy}", argv, self.env, port, self.log_dir, health_path="/readiness")
+        router.start()
+        try:
+            router.wait_healthy(time.monotonic() + timeout_s)
+        except BaseException:
+            router.stop()
+            raise
         return router
 
     def stop(self) -> None:

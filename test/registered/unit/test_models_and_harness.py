@@ -21,7 +21,7 @@ def test_model_dir_written_once_and_rewritten_on_change(tmp_path, monkeypatch):
     assert config["architectures"] == ["LlamaForCausalLM"] and config["torch_dtype"] == "float32"
     mtime = (folder / "config.json").stat().st_mtime_ns
     assert ensure_model_dir("tiny") == folder and (folder / "config.json").stat().st_mtime_ns == mtime
-    with pytest.raises(ValueError, match="unknown built-in model 'huge'; known: capacity, tiny"):
+    with pytest.raises(ValueError, match="unknown built-in model 'huge'; known: capacity, smollm2, tiny"):
         model_config("huge")
 
 

@@ -5,7 +5,9 @@ Decode's `cached_tokens` is copied from prefill; these say what decode itself re
   decode_kv_pages_transferred  KV pages received from prefill for this request
   decode_kv_bytes_transferred  their bytes
 Request-level keys are emitted once (at finish, or with the first streamed chunk); the HTTP-side
-hook turns SGLang's accumulated one-element list back into a number.
+hook turns SGLang's accumulated one-element list back into a number. Streamed chunks after the
+first carry SGLang's accumulated one-element list again (that path bypasses the hook); clients of
+streams read `v[0]` (see bench/pd_client.py).
 """
 
 from __future__ import annotations

