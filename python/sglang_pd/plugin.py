@@ -12,6 +12,7 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 
 import sglang_pd
+from sglang_pd.config import validate as validate_settings
 from sglang_pd.process_state import STATE, detect_process_kind
 
 
@@ -40,6 +41,13 @@ def register() -> None:
             f"sglang_pd {sglang_pd.__version__} requires sglang=={sglang_pd.SUPPORTED_SGLANG_VERSION}, "
             f"found {found}; plugin NOT active")
         _log(STATE.refused_reason)
+        return
+    problems = validate_settings()
+    if problems:
+        STATE.refused_reason = "bad settings: " + "; ".join(problems) + "; plugin NOT active"
+        for problem in problems:
+            _log(f"bad setting: {problem}")
+        _log("plugin NOT active")
         return
 
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType

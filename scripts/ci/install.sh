@@ -24,11 +24,12 @@ if ! ldconfig -p | grep -q libibverbs.so.1; then
 fi
 
 [ -x "$PY" ] || python3 -m venv "$V"
-"$V/bin/pip" install -q --upgrade pip "setuptools>=68" wheel
+quiet() { grep -v "is ignored: it is neither" || true; }  # this box's pip config names absent folders
+"$V/bin/pip" install -q --upgrade pip "setuptools>=68" wheel 2>&1 | quiet
 # The machine ships a CPU build of torch 2.13.0 that pip picks up by exact version.
-"$V/bin/pip" install -q torch==2.13.0
+"$V/bin/pip" install -q torch==2.13.0 2>&1 | quiet
 # Without deps: their declared deps pull a CUDA torch and several GB of CUDA wheels.
-"$V/bin/pip" install -q --no-deps "sglang==0.5.23" "torchvision==0.28.0" "nixl==1.5.1" "nixl-cu13==1.5.1"
+"$V/bin/pip" install -q --no-deps "sglang==0.5.23" "torchvision==0.28.0" "nixl==1.5.1" "nixl-cu13==1.5.1" 2>&1 | quiet
 # What sglang really imports to serve (triton only because many modules import it at top level).
 "$V/bin/pip" install -q torch==2.13.0 triton "sglang-router==0.3.2" aiohttp fastapi "uvicorn>=0.51" uvloop orjson \
   pydantic "pyzmq>=25.1.2" psutil requests numpy "transformers==5.19.0" "tokenizers==0.23.2" safetensors msgspec \
@@ -43,7 +44,7 @@ TV=$("$PY" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')/torchv
 sed -i 's|^@torch.library.register_fake("torchvision::\(q\?nms\)")|@(torch.library.register_fake("torchvision::\1") if torchvision.extension._has_ops() else (lambda f: f))|' "$TV"
 
 # This project, editable, without deps (its pinned deps are installed above in their CPU form).
-"$V/bin/pip" install -q --no-deps --no-build-isolation -e "$ROOT"
+"$V/bin/pip" install -q --no-deps --no-build-isolation -e "$ROOT" 2>&1 | quiet
 # CPU venv only: make the project's pure-torch `sgl_kernel` stand-in importable (GPU installs use the real one).
 SITE=$("$PY" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')
 echo "$ROOT/python/sglang_pd/cpu_kernels" > "$SITE/sglang_pd_cpu_kernels.pth"

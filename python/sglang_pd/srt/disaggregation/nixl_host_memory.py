@@ -27,7 +27,7 @@ from sglang_pd.srt.mem_cache.common import bytes_per_page
 
 logger = logging.getLogger(__name__)
 
-STALL_ENV = "SGLANG_PD_NIXL_STALL_TIMEOUT_S"
+STALL_ENV = "SGLANG_PD_NIXL_STALL_TIMEOUT_S"  # declared in sglang_pd.config
 DEFAULT_STALL_TIMEOUT_S = 60.0
 _HOST_MEMORY = contextvars.ContextVar("sglang_pd_nixl_host_memory", default=False)
 _worker = threading.local()  # per transfer-worker thread: room, deadline, stalled

@@ -1,0 +1,60 @@
+"""Every setting of sglang_pd: environment variables under one prefix, declared once, validated once.
+
+`validate(environ)` returns one message per bad value, naming the variable; the plugin refuses to
+activate (one log line each) rather than run with a setting it cannot honour.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Mapping
+
+PREFIX = "SGLANG_PD_"
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment setting."""
+
+    name: str
+    default: str | None
+    help: str
+    check: Callable[[str], str | None]  # returns a problem or None
+
+
+def _positive_seconds(value: str) -> str | None:
+    try:
+        return None if float(value) > 0 else "must be > 0 seconds"
+    except ValueError:
+        return "is not a number of seconds"
+
+
+def _flag(value: str) -> str | None:
+    return None if value in ("0", "1") else "must be 0 or 1"
+
+
+def _path(value: str) -> str | None:
+    return None if value.strip() else "must be a folder path"
+
+
+SETTINGS: tuple[Setting, ...] = (
+    Setting(f"{PREFIX}NIXL_STALL_TIMEOUT_S", "60",
+            "seconds after which an unfinished NIXL transfer is failed (its lock and pages released)",
+            _positive_seconds),
+    Setting(f"{PREFIX}ENABLE_FAULT_INJECTION", "0",
+            "1 mounts POST /sglang_pd/faults and accepts test faults; never set it in production", _flag),
+    Setting(f"{PREFIX}MODEL_DIR", None,
+            "where built-in model folders are written (default ~/.cache/sglang_pd/models)", _path),
+)
+
+
+def validate(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Problems with the settings in `environ` (default os.environ), one message each; [] if fine."""
+    env = os.environ if environ is None else environ
+    known = {s.name for s in SETTINGS}
+    problems = [f"{s.name}={env[s.name]!r} {msg}" for s in SETTINGS
+                if s.name in env and (msg := s.check(env[s.name]))]
+    problems += [f"{name} is not a sglang_pd setting (known: {', '.join(sorted(known))})"
+                 for name in env if name.startswith(PREFIX) and name not in known]
+    return problems
