@@ -50,6 +50,12 @@ class DeploymentConfig:
             raise ValueError(f"page_size ({self.page_size}) and num_decode ({self.num_decode}) must be >= 1")
 
 
+def router_metrics_args() -> list[str]:
+    """sglang-router exports Prometheus on a fixed default port (29000, all interfaces): give each
+    router its own loopback port so several can run on one host."""
+    return ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+
+
 def new_bootstrap_room(rng: random.Random | None = None) -> int:
     """A random bootstrap room id (63-bit, as SGLang's router uses)."""
     return (rng or random).randrange(1, 2**63 - 1)
@@ -129,7 +135,8 @@ class PDDeployment:
                 "--host", "127.0.0.1", "--port", str(port),
                 "--prefill", self.prefill.url, str(self.bootstrap_port),
                 *[a for d in self.decodes for a in ("--decode", d.url)],
-                "--log-level", "warn", "--health-check-interval-secs", "2", *self.config.router_args]
+                "--log-level", "warn", "--health-check-interval-secs", "2", *router_metrics_args(),
+                *self.config.router_args]
         # /readiness turns 200 only once the router has seen healthy workers (/health is liveness).
         router = ServerProcess("router", argv, self.env, port, self.log_dir, health_path="/readiness")
         router.start()
@@ -143,7 +150,8 @@ class PDDeployment:
                 "--prefill", self.prefill.url, str(self.bootstrap_port),
                 *[a for d in self.decodes for a in ("--decode", d.url)],
                 "--router-arg=--log-level", "--router-arg=warn",
-                "--router-arg=--health-check-interval-secs", "--router-arg=2"]
+                "--router-arg=--health-check-interval-secs", "--router-arg=2",
+                *[f"--router-arg={a}" for a in router_metrics_args()]]
         router = ServerProcess(f"launcher-{policy}", argv, self.env, port, self.log_dir, health_path="/readiness")
         router.start()
         try:
