@@ -1,6 +1,8 @@
-"""Main job (until the multi-turn benchmark lands): a PD pair + router, one 4-turn conversation.
+"""One conversation through the router, per turn: the decode_prefix_len prefill was told and pages sent.
 
     python -m sglang_pd.demo [--page-size 16] [--turns 4] [--transfer-backend mooncake_tcp]
+
+(The README main job is the multi-turn benchmark; this is the per-turn view of one conversation.)
 
 Requests go through the router exactly as a client's would; per turn we print what prefill was told
 (decode_prefix_len) and the KV pages it really sent, read from prefill's /sglang_pd/stats.
