@@ -57,7 +57,6 @@ class ProcessState:
     lock_ledger: LockLedger = field(default_factory=LockLedger)
     decode_admission: DecodePrefixAdmission = None  # built in __post_init__ around lock_ledger
     last_integrity: IntegrityReport | None = None
-    num_integrity_failures: int = 0
     hook_errors: dict[str, int] = field(default_factory=dict)
     faults: FaultPlan = field(default_factory=FaultPlan)
     num_retracted: int = 0
@@ -75,7 +74,6 @@ class ProcessState:
         self.last_integrity = report
         self.counters.set("tree_locks_outstanding", report.num_outstanding_locks)
         if not report.ok:
-            self.num_integrity_failures += 1
             self.counters.add("integrity_failures_total", 1)
 
     def patched_hooks(self) -> list[str]:
@@ -94,7 +92,6 @@ class ProcessState:
             "decode_admission": self.decode_admission.snapshot(),
             "lock_ledger": self.lock_ledger.summary(),
             "integrity": self.last_integrity.as_dict() if self.last_integrity else None,
-            "num_integrity_failures": self.num_integrity_failures,
             "hook_errors": dict(self.hook_errors),
             "faults": self.faults.snapshot(),
             "num_retracted": self.num_retracted,

@@ -6,26 +6,18 @@ preallocates only `num_new_pages` pages -> the transfer layer is handed exactly 
 on every exit path (SGLang's release paths call `unlock`, which the ledger checks).
 
 Warmup (fake bootstrap) and health-check requests never touch the tree: they match nothing, hold
-only the root, and are marked `skip_radix_cache_insert` so their tokens are never inserted.
+no lock, and are marked `skip_radix_cache_insert` so their tokens are never inserted.
 """
 
 from __future__ import annotations
 
-import enum
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from sglang_pd.srt.mem_cache.common import check_decode_prefix_len, kv_to_page_num, page_align_floor
+from sglang_pd.srt.mem_cache.common import (RequestKind, check_decode_prefix_len, kv_to_page_num,
+                                            page_align_floor)
 from sglang_pd.srt.mem_cache.lock_ledger import LockLedger, owner_scope
-
-
-class RequestKind(str, enum.Enum):
-    """What a request arriving at decode admission is."""
-
-    NORMAL = "normal"
-    WARMUP = "warmup"            # server warmup / fake bootstrap: no prefill peer
-    HEALTH_CHECK = "health_check"
 
 
 class AdmissionError(RuntimeError):

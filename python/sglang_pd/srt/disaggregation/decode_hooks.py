@@ -5,24 +5,12 @@ from __future__ import annotations
 import logging
 
 from sglang_pd.process_state import STATE
-from sglang_pd.srt.disaggregation.decode_admission import AdmissionError, RequestKind
+from sglang_pd.srt.disaggregation.decode_admission import AdmissionError
 from sglang_pd.srt.fault_injection import Fault
 from sglang_pd.srt.disaggregation.request_fields import attach_request_fields
-from sglang_pd.srt.mem_cache.common import bytes_per_page, kv_to_page_num
+from sglang_pd.srt.mem_cache.common import RequestKind, bytes_per_page, kv_to_page_num, request_kind
 
 logger = logging.getLogger(__name__)
-
-
-def request_kind(req) -> RequestKind:
-    """Classify a decode request (warmup / health check never enter the tree)."""
-    from sglang.srt.disaggregation.checksum import is_health_check_req
-    from sglang.srt.disaggregation.utils import _is_fake_transfer
-
-    if is_health_check_req(req):
-        return RequestKind.HEALTH_CHECK
-    if _is_fake_transfer(req):
-        return RequestKind.WARMUP
-    return RequestKind.NORMAL
 
 
 def around_match_prefix_and_lock(original, queue, req):

@@ -110,6 +110,6 @@ def after_check_xfer_state(state, agent, handle, *args, **kwargs):
             _worker.reported = True
             logger.error("sglang_pd: NIXL transfer for room %s stalled for more than %.0f s; failing it",
                          getattr(_worker, "room", None), stall_timeout_s())
-            STATE.prefill_log.record_stall(getattr(_worker, "room", None))
+            STATE.prefill_log.record_stall()
         return "ERR"
     return state

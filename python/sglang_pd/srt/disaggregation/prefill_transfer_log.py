@@ -96,7 +96,7 @@ class PrefillTransferLog:
             entry.num_pages_nixl += num_pages
             entry.num_bytes_nixl += num_bytes
 
-    def record_stall(self, room: int | None) -> None:
+    def record_stall(self) -> None:
         """Count a NIXL transfer declared stalled (and failed)."""
         self.num_nixl_stalls += 1
 

@@ -6,6 +6,7 @@ arguments that cannot describe a KV layout (page_size < 1, negative lengths).
 
 from __future__ import annotations
 
+import enum
 from typing import Sequence
 
 
@@ -69,18 +70,34 @@ def check_decode_prefix_len(decode_prefix_len: int, prompt_len: int, page_size: 
             f"decode_prefix_len {decode_prefix_len} is not aligned to page size {page_size}")
 
 
+class RequestKind(str, enum.Enum):
+    """What kind of request reaches the tree: only NORMAL ones may use or enter it."""
+
+    NORMAL = "normal"
+    WARMUP = "warmup"            # server warmup / fake bootstrap: no prefill peer
+    HEALTH_CHECK = "health_check"
+
+
+def request_kind(req) -> RequestKind:
+    """Classify a request with SGLang's own predicates (health-check rid, fake bootstrap)."""
+    from sglang.srt.disaggregation.checksum import is_health_check_req
+    from sglang.srt.disaggregation.utils import _is_fake_transfer
+
+    if is_health_check_req(req):
+        return RequestKind.HEALTH_CHECK
+    if _is_fake_transfer(req):
+        return RequestKind.WARMUP
+    return RequestKind.NORMAL
+
+
 def is_tree_exempt(req) -> bool:
     """True for requests whose KV must never enter a radix tree.
 
-    Marked ones (`skip_radix_cache_insert`), health checks (rid prefix) and warmup / fake-bootstrap
-    requests (no prefill peer): their tokens are synthetic, and caching them would both waste pages
-    and serve their KV to real requests that happen to share a prefix.
+    Marked ones (`skip_radix_cache_insert`), health checks and warmup / fake-bootstrap requests
+    (no prefill peer): their tokens are synthetic, and caching them would both waste pages and serve
+    their KV to real requests that happen to share a prefix.
     """
-    from sglang.srt.disaggregation.checksum import is_health_check_req
-    from sglang.srt.disaggregation.utils import FAKE_BOOTSTRAP_HOST
-
-    return bool(req.skip_radix_cache_insert or is_health_check_req(req)
-                or getattr(req, "bootstrap_host", None) == FAKE_BOOTSTRAP_HOST)
+    return bool(req.skip_radix_cache_insert) or request_kind(req) is not RequestKind.NORMAL
 
 
 def maybe_cache_unfinished_req(req, tree_cache) -> bool:
