@@ -44,6 +44,12 @@ SETTINGS: tuple[Setting, ...] = (
             _positive_seconds),
     Setting(f"{PREFIX}ENABLE_FAULT_INJECTION", "0",
             "1 mounts POST /sglang_pd/faults and accepts test faults; never set it in production", _flag),
+    Setting(f"{PREFIX}RADIX_RESUME", "1",
+            "1: a resumed retracted decode request re-matches the radix tree and restores only the uncached"
+            " part; 0: SGLang's full restore", _flag),
+    Setting(f"{PREFIX}BATCHED_EVICTION", "1",
+            "1: decode plans each admission round at once and evicts once for it; 0: SGLang's per-request"
+            " eviction", _flag),
     Setting(f"{PREFIX}MODEL_DIR", None,
             "where built-in model folders are written (default ~/.cache/sglang_pd/models)", _path),
 )
@@ -58,3 +64,10 @@ def validate(environ: Mapping[str, str] | None = None) -> list[str]:
     problems += [f"{name} is not a sglang_pd setting (known: {', '.join(sorted(known))})"
                  for name in env if name.startswith(PREFIX) and name not in known]
     return problems
+
+
+def enabled(name: str, environ: Mapping[str, str] | None = None) -> bool:
+    """The 0/1 flag setting `name` (full name, e.g. SGLANG_PD_RADIX_RESUME) with its declared default."""
+    env = os.environ if environ is None else environ
+    default = next(s.default for s in SETTINGS if s.name == name)
+    return env.get(name, default) == "1"

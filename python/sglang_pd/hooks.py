@@ -12,7 +12,8 @@ from typing import Callable
 from sglang_pd import http_routes
 from sglang_pd.process_state import ProcessKind
 from sglang_pd.srt import scheduler_hooks
-from sglang_pd.srt.disaggregation import decode_hooks, nixl_host_memory, prefill_hooks, request_fields
+from sglang_pd.srt.disaggregation import (decode_hooks, nixl_host_memory, prefill_hooks, request_fields,
+                                           retraction_hooks, round_hooks)
 from sglang_pd.srt.mem_cache import checkpoint_hooks, ledger_hooks
 
 _DISAGG = "sglang.srt.disaggregation"
@@ -125,6 +126,19 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         f"{_DISAGG}.decode.DecodePreallocQueue._send_kv_metadata", "AROUND",
         decode_hooks.around_send_kv_metadata, ProcessKind.SCHEDULER,
         "check decode_prefix_len and page count handed to the transfer layer against the plan"),
+    # --- retraction that keeps the prefix, batched eviction (issue 5) ---
+    HookSpec(
+        f"{_DISAGG}.decode.DecodePreallocQueue._pre_alloc", "AROUND",
+        retraction_hooks.around_pre_alloc, ProcessKind.SCHEDULER,
+        "a resumed retracted request re-matches and locks the tree; only the uncached rest is allocated"),
+    HookSpec(
+        "sglang.srt.managers.schedule_batch.Req.load_kv_cache", "AROUND",
+        retraction_hooks.around_load_kv_cache, ProcessKind.SCHEDULER,
+        "restore from the retraction backup only the tokens the tree did not give back"),
+    HookSpec(
+        f"{_DISAGG}.decode.DecodePreallocQueue.pop_preallocated", "AROUND",
+        round_hooks.around_pop_preallocated, ProcessKind.SCHEDULER,
+        "run the prealloc loop as one admission round (evict once); release planned locks not taken"),
 )
 
 

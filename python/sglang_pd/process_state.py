@@ -11,8 +11,10 @@ import enum
 import inspect
 from dataclasses import dataclass, field
 
+from sglang_pd.srt.disaggregation.admission_round import AdmissionRound
 from sglang_pd.srt.disaggregation.decode_admission import DecodePrefixAdmission
 from sglang_pd.srt.disaggregation.prefill_transfer_log import PrefillTransferLog
+from sglang_pd.srt.disaggregation.radix_resume import RadixResume
 from sglang_pd.srt.fault_injection import FaultPlan
 from sglang_pd.srt.mem_cache.lock_ledger import LockLedger
 from sglang_pd.srt.mem_cache.tree_integrity import IntegrityReport
@@ -56,6 +58,8 @@ class ProcessState:
     prefill_log: PrefillTransferLog = field(default_factory=PrefillTransferLog)
     lock_ledger: LockLedger = field(default_factory=LockLedger)
     decode_admission: DecodePrefixAdmission = None  # built in __post_init__ around lock_ledger
+    admission_round: AdmissionRound = None  # built in __post_init__ around decode_admission
+    radix_resume: RadixResume = None  # built in __post_init__
     last_integrity: IntegrityReport | None = None
     hook_errors: dict[str, int] = field(default_factory=dict)
     faults: FaultPlan = field(default_factory=FaultPlan)
@@ -64,6 +68,8 @@ class ProcessState:
 
     def __post_init__(self):
         self.decode_admission = DecodePrefixAdmission(self.lock_ledger, counters=self.counters)
+        self.admission_round = AdmissionRound(self.decode_admission, counters=self.counters)
+        self.radix_resume = RadixResume(counters=self.counters)
 
     def count_hook_error(self, hook: str) -> None:
         """Count an exception a hook caught to keep SGLang serving (logged by the hook)."""
@@ -95,6 +101,8 @@ class ProcessState:
             "hook_errors": dict(self.hook_errors),
             "faults": self.faults.snapshot(),
             "num_retracted": self.num_retracted,
+            "radix_resume": self.radix_resume.snapshot(),
+            "admission_round": self.admission_round.snapshot(),
             "counters": self.counters.snapshot(),
         }
 

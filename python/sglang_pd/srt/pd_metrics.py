@@ -21,6 +21,10 @@ METRICS: dict[str, tuple[str, str]] = {
     "kv_bytes_transferred_total": ("counter", "bytes of those KV pages (pages x bytes per page over all layers)"),
     "evicted_tokens_total": ("counter", "tokens evicted from the radix tree"),
     "prefill_rejected_requests_total": ("counter", "requests prefill refused for a bad decode_prefix_len"),
+    "resume_requests_total": ("counter", "retracted decode requests resumed through radix-aware resume"),
+    "resume_backup_tokens_total": ("counter", "tokens a full restore would copy back for them (SGLang's resume)"),
+    "resume_restored_tokens_total": ("counter", "tokens radix-aware resume copied back (the rest came from the tree)"),
+    "admission_round_evictions_total": ("counter", "tree evictions done once per decode admission round"),
     "integrity_failures_total": ("counter", "check_integrity() runs that found a violated invariant"),
     "tree_locks_outstanding": ("gauge", "radix-tree locks taken and not yet released (lock ledger)"),
 }

@@ -33,6 +33,8 @@ def pd_pressure():
 
 
 def test_retraction_keeps_outputs_and_stays_balanced(pd_pressure: PDDeployment, plain_url: str):
+    """Concurrent long generations over a shared prefix force retraction; resume re-matches the tree
+    (radix-aware resume, on by default) and restores only what the tree does not hold."""
     dep = pd_pressure
     rng = random.Random(7)
     shared = [6] + [rng.randrange(3, VOCAB_SIZE) for _ in range(47)]
@@ -41,8 +43,14 @@ def test_retraction_keeps_outputs_and_stays_balanced(pd_pressure: PDDeployment, 
     with cf.ThreadPoolExecutor(NUM_REQUESTS) as pool:
         outs = list(pool.map(lambda p: dep.generate_pd(p, NEW_TOKENS)[1]["output_ids"], prompts))
     state = dep.scheduler_state(dep.decodes[0])
-    print(f"\nPRESSURE retracted={state['num_retracted']} locks={state['lock_ledger']['num_locks']}")
+    resume = state["radix_resume"]
+    print(f"\nPRESSURE retracted={state['num_retracted']} locks={state['lock_ledger']['num_locks']} "
+          f"resumed={resume['num_resumed']} tokens restored: {resume['num_restored_tokens']} with re-match vs "
+          f"{resume['num_backup_tokens']} without ({resume['num_reused_tokens']} taken from the tree)")
     assert state["num_retracted"] > 0, "the load must force decode retraction"
+    assert resume["num_resumed"] > 0 and resume["pending"] == {}
+    assert resume["num_reused_tokens"] >= 48 * resume["num_resumed"]  # at least the shared prefix each
+    assert resume["num_restored_tokens"] + resume["num_reused_tokens"] == resume["num_backup_tokens"]
     for prompt, out in zip(prompts, outs):
         assert out == dep.generate(plain_url, prompt, NEW_TOKENS)["output_ids"]
     reports = dep.wait_clean(timeout_s=120)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 
 from sglang_pd.process_state import STATE
+from sglang_pd.srt.disaggregation import round_hooks
 from sglang_pd.srt.disaggregation.decode_admission import AdmissionError
 from sglang_pd.srt.fault_injection import Fault
 from sglang_pd.srt.disaggregation.request_fields import attach_request_fields
@@ -20,6 +21,9 @@ def around_match_prefix_and_lock(original, queue, req):
     tree = queue.tree_cache
     if queue._uses_swa_tail_prealloc() or tree.supports_mamba():
         return original(queue, req)
+    planned = round_hooks.planned_match(queue, req)
+    if planned is not None:  # matched and locked when the admission round was planned
+        return queue._build_decode_prefix_match(req, planned)
     try:
         result = STATE.decode_admission.match_and_lock(req, tree, request_kind(req), match_kv_cache)
     except AdmissionError:

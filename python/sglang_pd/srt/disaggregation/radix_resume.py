@@ -1,0 +1,149 @@
+"""Radix-aware resume of a retracted decode request: re-match the tree, restore only what is not cached.
+
+Upstream decode retraction backs the request's KV up to host (`cpu_tensor`), frees its row and drops
+its tree lock; resume re-allocates the whole sequence and copies every token back. While the request
+waited, the tree may still hold a prefix of its sequence (the shared system prompt, or its own tokens
+published by the running-request checkpoint). This class owns the better path:
+
+    retract (upstream: back up, free, unlock - the ledger records the release)
+      -> resume: match (prompt + generated tokens) -> page-align -> lock with the rid as owner
+      -> SGLang preallocates only the tokens past the prefix
+      -> restore copies only backup[prefix_len:fill_len) into those new slots.
+
+`fill_len` is SGLang's preallocation length for a resumed request (prompt + outputs - 1: the last
+sampled token has no KV yet) and equals the length of the backup. At least one token is always
+restored, so SGLang never preallocates an empty extension.
+
+Mutating: `match_and_lock`, `restore`. Read-only: `plan_for`, `snapshot`. Scheduler thread only.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Callable
+
+from sglang_pd.srt.mem_cache.common import page_align_floor
+from sglang_pd.srt.mem_cache.lock_ledger import owner_scope
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """What radix-aware resume decided for one retracted request."""
+
+    rid: str
+    fill_len: int       # KV tokens the request owns at resume (== tokens in its backup)
+    matched_len: int    # tokens the tree matched on device
+    prefix_len: int     # page-aligned tokens reused from the tree (locked for the request)
+
+    @property
+    def num_restored_tokens(self) -> int:
+        """Tokens copied back from the backup: the part the tree did not hold."""
+        return self.fill_len - self.prefix_len
+
+
+class ResumeError(RuntimeError):
+    """A plan or backup that cannot describe the request's KV (a bug, not user input)."""
+
+
+def slice_cpu_backup(kv_cache_cpu: list, start: int, chunk_size: int) -> list:
+    """The tokens [start:] of an MHATokenToKVPool CPU backup, in the same layout.
+
+    Layout (SGLang's MHATokenToKVPool.get_cpu_copy): one list per layer of chunks `[k, v]`, each chunk
+    `chunk_size` tokens along dim 0 (the last may be shorter). Pure: the input is not modified.
+    """
+    import torch
+
+    if start < 0 or chunk_size < 1:
+        raise ResumeError(f"bad backup slice start={start} chunk_size={chunk_size}")
+    out = []
+    for layer in kv_cache_cpu:
+        k = torch.cat([chunk[0] for chunk in layer])[start:]
+        v = torch.cat([chunk[1] for chunk in layer])[start:]
+        out.append([[k[i:i + chunk_size], v[i:i + chunk_size]] for i in range(0, k.shape[0], chunk_size)])
+    return out
+
+
+class RadixResume:
+    """Owns re-match + lock for resumed requests, the partial restore, and the saving counters."""
+
+    def __init__(self, counters=None):
+        self.counters = counters  # PDCounters, optional
+        self._pending: dict[str, ResumePlan] = {}  # matched, restore not done yet
+        self.num_resumed = 0
+        self.num_backup_tokens = 0      # tokens a full restore copies back (upstream's resume)
+        self.num_restored_tokens = 0    # tokens this path copied back
+        self.num_reused_tokens = 0      # tokens taken from the tree instead
+
+    def match_and_lock(self, req: Any, tree_cache: Any, fill_len: int, match_fn: Callable) -> ResumePlan:
+        """Match the request's own tokens [0, fill_len) and lock the page-aligned hit as `req.lock`.
+
+        `match_fn` is SGLang's `match_kv_cache(req, tree, token_ids, max_prefix_len=...)`; it adopts the
+        hit as the request's prefix (`req.prefix_len`, `req.last_node`). A zero-length hit takes no
+        lock. Raises ResumeError if the request still holds a lock (retraction must have dropped it).
+        """
+        if getattr(req, "lock", None) is not None:
+            raise ResumeError(f"{req.rid}: resumed while still holding a tree lock")
+        token_ids = (req.origin_input_ids + req.output_ids)[:fill_len]  # both array('q') in SGLang
+        if len(token_ids) != fill_len or fill_len < 1:
+            raise ResumeError(f"{req.rid}: fill_len {fill_len} does not fit its {len(token_ids)} tokens")
+        page_size = int(tree_cache.page_size)
+        max_prefix_len = page_align_floor(fill_len - 1, page_size)
+        result = match_fn(req, tree_cache, token_ids, max_prefix_len=max_prefix_len)
+        matched = int(result.device_prefix_len)
+        prefix_len = page_align_floor(min(matched, max_prefix_len), page_size)
+        if prefix_len != matched:
+            raise ResumeError(f"{req.rid}: tree matched {matched} tokens; usable prefix is {prefix_len}")
+        if prefix_len > 0:
+            with owner_scope(str(req.rid), num_tokens=prefix_len):
+                req.lock = tree_cache.lock(result.last_device_node)
+        plan = ResumePlan(str(req.rid), fill_len, matched, prefix_len)
+        self._pending[plan.rid] = plan
+        return plan
+
+    def restore(self, req: Any, req_to_token_pool: Any, allocator: Any, load_all: Callable[[], None]) -> bool:
+        """Copy back only the backup's tokens past the planned prefix; False if `req` has no plan.
+
+        Requires the row to be preallocated by SGLang for this plan (prefix slots from the tree, the
+        rest fresh). With an empty prefix, `load_all()` (SGLang's full restore) runs instead. Clears
+        `req.kv.retraction_backup` (the backup is consumed either way).
+        """
+        plan = self._pending.pop(str(req.rid), None)
+        if plan is None:
+            return False
+        backup = req.kv.retraction_backup
+        if backup is None:
+            raise ResumeError(f"{req.rid}: no retraction backup to restore")
+        if plan.prefix_len > 0:
+            kvcache = allocator.get_kvcache()
+            slots = req_to_token_pool.req_to_token[req.kv.req_pool_idx, plan.prefix_len:plan.fill_len]
+            suffix = slice_cpu_backup(backup.cpu_tensors, plan.prefix_len, kvcache.cpu_offloading_chunk_size)
+            allocator.load_cpu_copy(suffix, slots)
+        else:
+            load_all()
+        req.kv.retraction_backup = None
+        self._count(plan)
+        return True
+
+    def _count(self, plan: ResumePlan) -> None:
+        self.num_resumed += 1
+        self.num_backup_tokens += plan.fill_len
+        self.num_restored_tokens += plan.num_restored_tokens
+        self.num_reused_tokens += plan.prefix_len
+        if self.counters is not None:
+            self.counters.add("resume_requests_total", 1)
+            self.counters.add("resume_backup_tokens_total", plan.fill_len)
+            self.counters.add("resume_restored_tokens_total", plan.num_restored_tokens)
+
+    def plan_for(self, rid: str) -> ResumePlan | None:
+        """The plan of a request matched but not yet restored (None otherwise)."""
+        return self._pending.get(str(rid))
+
+    def snapshot(self) -> dict:
+        """JSON-able counters: restored tokens with re-match vs what a full restore would copy."""
+        return {
+            "num_resumed": self.num_resumed,
+            "num_backup_tokens": self.num_backup_tokens,
+            "num_restored_tokens": self.num_restored_tokens,
+            "num_reused_tokens": self.num_reused_tokens,
+            "pending": {rid: asdict(p) for rid, p in self._pending.items()},
+        }

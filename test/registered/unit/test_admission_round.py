@@ -1,0 +1,101 @@
+"""AdmissionRound (batched eviction) on real trees/allocators with SGLang's match_kv_cache.
+
+Every test ends with the ledger empty and check_integrity() passing: each lock the round took was
+released exactly once, whether SGLang's loop took the planned match or not.
+"""
+
+import pytest
+
+from conftest import POOL_TOKENS, make_req
+from sglang_pd.process_state import STATE
+from sglang_pd.srt.disaggregation.admission_round import AdmissionRound, PoolSizer
+
+pytestmark = pytest.mark.unit
+
+
+def _fill_with_cache(pool, first_token: int, seq_len: int) -> int:
+    """Cache distinct sequences until the pool is full; returns how many."""
+    num = 0
+    while pool.allocator.available_size() >= seq_len:
+        pool.cache_tokens(list(range(first_token + num * 1000, first_token + num * 1000 + seq_len)))
+        num += 1
+    return num
+
+
+def _plan(pool, reqs, reserve=0):
+    from sglang.srt.mem_cache.common import match_kv_cache
+
+    rnd = AdmissionRound(STATE.decode_admission)
+    return rnd, rnd.plan(reqs, pool.tree, PoolSizer(pool.tree, pool.allocator, reserve), match_kv_cache)
+
+
+def _preallocate(pool, rnd, req):
+    """What SGLang's loop does per request after admission: take the match, allocate the rest."""
+    assert rnd.take(req) is not None
+    need = len(req.origin_input_ids) - STATE.decode_admission.plan_for(req.rid).decode_prefix_len
+    slots = pool.allocator.alloc(-(-need // pool.page_size) * pool.page_size)
+    assert slots is not None, "the round's single eviction left too little free memory"
+    return slots
+
+
+def _finish(pool, reqs, slots):
+    for s in slots:
+        pool.allocator.free(s)
+    for req in reqs:
+        if req.lock is not None:
+            pool.tree.unlock(req.lock)
+            req.lock = None
+
+
+def test_round_locks_all_evicts_once_and_every_allocation_fits(pool, ledger):
+    shared = list(range(8))
+    pool.cache_tokens(shared)
+    _fill_with_cache(pool, 10_000, 8)
+    reqs = [make_req(f"r{i}", shared + [500 + i] * 8) for i in range(3)]
+
+    rnd, plan = _plan(pool, reqs)
+
+    assert plan.rids == ("r0", "r1", "r2") and plan.num_refused == 0
+    assert plan.num_alloc_tokens == 24 and plan.num_evicted_tokens >= 24 - (POOL_TOKENS % 8)
+    assert rnd.num_evictions == 1 and ledger.owners() == {"r0": 1, "r1": 1, "r2": 1}
+    slots = [_preallocate(pool, rnd, r) for r in reqs]  # no further eviction needed
+    assert rnd.close() == 0
+    assert pool.match(shared).device_prefix_len == 8  # the locked shared prefix survived the eviction
+    _finish(pool, reqs, slots)
+    assert ledger.owners() == {} and pool.integrity(ledger).ok
+
+
+def test_candidate_that_does_not_fit_releases_its_lock_and_ends_the_round(pool, ledger):
+    shared = list(range(8))
+    pool.cache_tokens(shared)
+    reqs = [make_req(f"big{i}", shared + [700 + i] * 24) for i in range(3)]  # 24 new tokens each
+
+    rnd, plan = _plan(pool, reqs)
+
+    assert plan.rids == ("big0", "big1") and plan.num_refused == 1  # 8 + 24 + 24 <= 64 < 8 + 72
+    assert reqs[2].lock is None and set(ledger.owners()) == {"big0", "big1"}
+    assert rnd.close() == 2  # SGLang's loop took none: both planned locks come back
+    assert ledger.owners() == {} and ledger.num_double_releases == 0 and pool.integrity(ledger).ok
+
+
+def test_untaken_matches_are_released_once_taken_ones_stay_with_their_request(pool, ledger):
+    shared = list(range(8))
+    pool.cache_tokens(shared)
+    reqs = [make_req(f"t{i}", shared + [900 + i] * 4) for i in range(3)]
+    rnd, plan = _plan(pool, reqs)
+    slots = [_preallocate(pool, rnd, reqs[0])]
+    assert rnd.take(reqs[0]) is None  # handed over once
+    assert rnd.close() == 2 and set(ledger.owners()) == {"t0"}
+    _finish(pool, reqs, slots)
+    assert ledger.owners() == {} and ledger.num_double_releases == 0 and pool.integrity(ledger).ok
+
+
+def test_second_plan_while_round_open_is_refused(pool, ledger):
+    pool.cache_tokens(list(range(8)))
+    rnd, _ = _plan(pool, [make_req("o1", list(range(8)) + [1])])
+    from sglang.srt.mem_cache.common import match_kv_cache
+
+    with pytest.raises(RuntimeError, match="still holds locks"):
+        rnd.plan([make_req("o2", [5])], pool.tree, PoolSizer(pool.tree, pool.allocator), match_kv_cache)
+    rnd.close()
+    assert ledger.owners() == {} and pool.integrity(ledger).ok

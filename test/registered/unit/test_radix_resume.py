@@ -1,0 +1,182 @@
+"""RadixResume on a real MHATokenToKVPool + paged allocator + ReqToTokenPool + tree, SGLang's match_kv_cache.
+
+The scenario is the server's: a request's KV lives in its row, its prompt prefix is in the tree; it is
+retracted (backup to CPU, row freed, lock released); resume re-matches, locks, allocates only the rest,
+and restores only the rest. The row must then hold exactly the KV it held before retraction.
+"""
+
+from array import array
+
+import pytest
+import torch
+
+from conftest import make_req
+from sglang_pd.process_state import STATE
+from sglang_pd.srt.disaggregation.radix_resume import RadixResume, ResumeError, slice_cpu_backup
+from sglang_pd.srt.mem_cache.tree_integrity import check_integrity
+
+pytestmark = pytest.mark.unit
+
+POOL = 128
+
+
+class KVWorld:
+    """Real SGLang KV objects on CPU: KV pool with values, paged allocator, request rows, tree."""
+
+    def __init__(self, tree_kind: str, page_size: int):
+        from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
+        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
+        from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+        from sglang.srt.mem_cache.radix_cache import RadixCache
+        from sglang.srt.mem_cache.unified_cache.components import ComponentType
+        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
+
+        self.page_size = page_size
+        self.kv = MHATokenToKVPool(size=POOL, page_size=page_size, dtype=torch.float32, head_num=2, head_dim=4,
+                                   layer_num=2, device="cpu", enable_memory_saver=False)
+        self.kv.cpu_offloading_chunk_size = 5  # several chunks per backup, one of them ragged
+        self.allocator = PagedTokenToKVPoolAllocator(size=POOL, page_size=page_size, dtype=torch.float32,
+                                                     device="cpu", kvcache=self.kv, need_sort=False)
+        self.rows = ReqToTokenPool(size=4, max_context_len=POOL, device="cpu", enable_memory_saver=False)
+        params = CacheInitParams(disable=False, req_to_token_pool=self.rows, token_to_kv_pool_allocator=self.allocator,
+                                 page_size=page_size, tree_components=(ComponentType.FULL,))
+        self.tree = RadixCache(params) if tree_kind == "radix" else UnifiedRadixCache(params)
+
+    def token_value(self, token: int, position: int) -> float:
+        return float(token * 1000 + position)  # stands for "the KV this token has at this position"
+
+    def write_kv(self, slots, tokens, start: int) -> None:
+        for layer in range(2):
+            for i, (slot, tok) in enumerate(zip(slots.tolist(), tokens)):
+                self.kv.k_buffer[layer][slot] = self.token_value(tok, start + i) + layer
+                self.kv.v_buffer[layer][slot] = -self.token_value(tok, start + i) - layer
+
+    def row_kv(self, req, length: int) -> list[float]:
+        slots = self.rows.req_to_token[req.kv.req_pool_idx, :length]
+        return self.kv.k_buffer[1][slots][:, 0, 0].tolist()
+
+    def cache_prefix(self, tokens: list[int]) -> None:
+        """A finished earlier request left `tokens` (page-aligned) with their KV in the tree."""
+        from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        slots = self.allocator.alloc(len(tokens))
+        self.write_kv(slots, tokens, 0)
+        self.tree.insert(InsertParams(key=RadixKey(token_ids=array("q", tokens)), value=slots))
+
+    def retracted_request(self, rid: str, prompt: list[int], outputs: list[int]):
+        """A request that ran (its whole KV in a fresh row), then was retracted: backed up and freed."""
+        from sglang.srt.managers.schedule_batch import RetractionBackup
+
+        req = make_req(rid, prompt)
+        req.output_ids = array("q", outputs)
+        fill_len = len(prompt) + len(outputs) - 1
+        self.rows.alloc([req])
+        slots = self.allocator.alloc(-(-fill_len // self.page_size) * self.page_size)[:fill_len]
+        self.write_kv(slots, (prompt + outputs)[:fill_len], 0)
+        req.kv.retraction_backup = RetractionBackup(cpu_tensors=self.allocator.get_cpu_copy(slots))
+        self.allocator.free(slots)
+        self.rows.free(req)
+        return req, fill_len
+
+    def preallocate(self, req, fill_len: int, prefix_len: int) -> None:
+        """What SGLang's _pre_alloc does for the plan: prefix slots from the tree, the rest fresh."""
+        self.rows.alloc([req])
+        row = self.rows.req_to_token[req.kv.req_pool_idx]
+        if prefix_len:
+            row[:prefix_len] = self.tree.prefix_device_indices(req)
+        need = fill_len - prefix_len
+        fresh = self.allocator.alloc(-(-need // self.page_size) * self.page_size)
+        row[prefix_len:fill_len] = fresh[:need]
+        self._fresh = fresh
+
+    def release(self, req, fill_len: int, prefix_len: int) -> None:
+        self.allocator.free(self._fresh)
+        if req.lock is not None:
+            self.tree.unlock(req.lock)
+            req.lock = None
+        self.rows.free(req)
+
+
+@pytest.fixture(params=[("radix", 1), ("radix", 4), ("unified", 4)], ids=["radix-page1", "radix-page4", "unified-page4"])
+def world(request, ledger):
+    return KVWorld(*request.param)
+
+
+def _resume(world, resume, req, fill_len):
+    from sglang.srt.mem_cache.common import match_kv_cache
+
+    plan = resume.match_and_lock(req, world.tree, fill_len, match_kv_cache)
+    world.preallocate(req, fill_len, plan.prefix_len)
+    loaded_all = []
+    assert resume.restore(req, world.rows, world.allocator, lambda: loaded_all.append(req.load_kv_cache(
+        world.rows, world.allocator)))
+    return plan, bool(loaded_all)
+
+
+def test_slice_cpu_backup_keeps_layout_and_values():
+    layer = [[torch.arange(5.0), -torch.arange(5.0)], [torch.arange(5.0, 7.0), -torch.arange(5.0, 7.0)]]
+    out = slice_cpu_backup([layer, layer], 3, 2)
+    assert len(out) == 2 and [len(c[0]) for c in out[0]] == [2, 2]
+    assert torch.cat([c[0] for c in out[1]]).tolist() == [3.0, 4.0, 5.0, 6.0]
+    assert torch.cat([c[1] for c in out[0]]).tolist() == [-3.0, -4.0, -5.0, -6.0]
+    with pytest.raises(ResumeError):
+        slice_cpu_backup([layer], -1, 2)
+
+
+def test_resume_reuses_cached_prefix_and_restores_only_the_rest(world, ledger):
+    shared = list(range(1, 17))  # 16 tokens: page-aligned for pages 1 and 4
+    world.cache_prefix(shared)
+    prompt, outputs = shared + [50, 51, 52], [60, 61, 62, 63, 64]
+    req, fill_len = world.retracted_request("r1", prompt, outputs)
+    expected = [world.token_value(t, i) + 1 for i, t in enumerate((prompt + outputs)[:fill_len])]
+
+    resume = RadixResume()
+    plan, loaded_all = _resume(world, resume, req, fill_len)
+
+    assert plan.prefix_len == 16 and plan.fill_len == fill_len == 23 and not loaded_all
+    assert ledger.owners() == {"r1": 1}  # the new lock, owned by the request
+    assert world.row_kv(req, fill_len) == expected  # prefix from the tree + restored rest
+    assert req.kv.retraction_backup is None
+    snap = resume.snapshot()
+    assert (snap["num_backup_tokens"], snap["num_restored_tokens"], snap["num_reused_tokens"]) == (23, 7, 16)
+    world.release(req, fill_len, plan.prefix_len)
+    assert check_integrity(world.tree, world.allocator, ledger, idle=True).ok
+
+
+def test_resume_without_cached_prefix_falls_back_to_full_restore(world, ledger):
+    req, fill_len = world.retracted_request("r2", [70, 71, 72, 73, 74, 75], [80, 81, 82])
+    resume = RadixResume()
+    plan, loaded_all = _resume(world, resume, req, fill_len)
+    assert plan.prefix_len == 0 and loaded_all and req.lock is None and ledger.owners() == {}
+    assert world.row_kv(req, fill_len) == [world.token_value(t, i) + 1
+                                           for i, t in enumerate([70, 71, 72, 73, 74, 75, 80, 81])]
+    assert resume.snapshot()["num_restored_tokens"] == fill_len
+    world.release(req, fill_len, 0)
+    assert check_integrity(world.tree, world.allocator, ledger, idle=True).ok
+
+
+def test_fully_cached_sequence_still_restores_at_least_one_token(world, ledger):
+    seq = list(range(200, 216))
+    world.cache_prefix(seq)
+    req, fill_len = world.retracted_request("r3", seq[:12], seq[12:] + [999])  # fill_len == 16, all cached
+    resume = RadixResume()
+    plan, _ = _resume(world, resume, req, fill_len)
+    assert 0 < plan.num_restored_tokens <= world.page_size and plan.prefix_len % world.page_size == 0
+    assert world.row_kv(req, fill_len) == [world.token_value(t, i) + 1 for i, t in enumerate(seq)]
+    world.release(req, fill_len, plan.prefix_len)
+    assert check_integrity(world.tree, world.allocator, ledger, idle=True).ok
+
+
+def test_resume_refuses_a_request_still_holding_a_lock(world, ledger):
+    from sglang.srt.mem_cache.common import match_kv_cache
+
+    world.cache_prefix(list(range(1, 17)))
+    req, fill_len = world.retracted_request("r4", list(range(1, 17)) + [5], [6, 7])
+    resume = RadixResume()
+    resume.match_and_lock(req, world.tree, fill_len, match_kv_cache)
+    with pytest.raises(ResumeError, match="still holding"):
+        resume.match_and_lock(req, world.tree, fill_len, match_kv_cache)
+    world.tree.unlock(req.lock)
+    req.lock = None
+    assert ledger.owners() == {} and STATE.lock_ledger is ledger
