@@ -48,11 +48,35 @@ def test_retraction_keeps_outputs_and_stays_balanced(pd_pressure: PDDeployment, 
           f"resumed={resume['num_resumed']} tokens restored: {resume['num_restored_tokens']} with re-match vs "
           f"{resume['num_backup_tokens']} without ({resume['num_reused_tokens']} taken from the tree)")
     assert state["num_retracted"] > 0, "the load must force decode retraction"
-    assert resume["num_resumed"] > 0 and resume["pending"] == {}
+    assert resume["num_resumed"] > 0 and resume["pending"] == {} and state["hook_errors"] == {}
     assert resume["num_reused_tokens"] >= 48 * resume["num_resumed"]  # at least the shared prefix each
     assert resume["num_restored_tokens"] + resume["num_reused_tokens"] == resume["num_backup_tokens"]
     for prompt, out in zip(prompts, outs):
         assert out == dep.generate(plain_url, prompt, NEW_TOKENS)["output_ids"]
+    reports = dep.wait_clean(timeout_s=120)
+    assert reports["decode0"]["lock_ledger"]["num_double_releases"] == 0
+
+
+def test_burst_is_admitted_in_rounds_that_evict_once(pd_pressure: PDDeployment, plain_url: str):
+    """A full decode tree, then a burst of new prompts: admission rounds evict for the whole round."""
+    dep = pd_pressure
+    rng = random.Random(21)
+    for _ in range(5):  # finished requests leave ~640 tokens cached on decode (pool: 768)
+        dep.generate_pd([rng.randrange(3, VOCAB_SIZE) for _ in range(128)], 2)
+    before = dep.scheduler_state(dep.decodes[0])
+    prompts = [[rng.randrange(3, VOCAB_SIZE) for _ in range(96)] for _ in range(4)]
+    with cf.ThreadPoolExecutor(len(prompts)) as pool:
+        outs = list(pool.map(lambda p: dep.generate_pd(p, 8)[1]["output_ids"], prompts))
+    after = dep.scheduler_state(dep.decodes[0])
+    rounds0, rounds = before["admission_round"], after["admission_round"]
+    evicted = after["counters"]["evicted_tokens_total"] - before["counters"]["evicted_tokens_total"]
+    print(f"\nROUNDS rounds={rounds['num_rounds'] - rounds0['num_rounds']} "
+          f"round evictions={rounds['num_evictions'] - rounds0['num_evictions']} "
+          f"max round size={rounds['max_round_size']} tokens evicted={evicted}")
+    assert rounds["num_evictions"] > rounds0["num_evictions"] and evicted > 0
+    assert rounds["num_planned"] - rounds0["num_planned"] >= len(prompts)
+    for prompt, out in zip(prompts, outs):
+        assert out == dep.generate(plain_url, prompt, 8)["output_ids"]
     reports = dep.wait_clean(timeout_s=120)
     assert reports["decode0"]["lock_ledger"]["num_double_releases"] == 0
 

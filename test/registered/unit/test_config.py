@@ -30,3 +30,11 @@ def test_plugin_refuses_bad_settings():
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert "REFUSED True" in proc.stdout, proc.stderr
     assert "[sglang_pd] bad setting: SGLANG_PD_NIXL_STALL_TIMEOUT_S='0' must be > 0 seconds" in proc.stderr
+
+
+def test_on_by_default_flags_and_their_off_switch():
+    from sglang_pd.config import enabled
+
+    for name in ("SGLANG_PD_RADIX_RESUME", "SGLANG_PD_BATCHED_EVICTION"):
+        assert enabled(name, {}) and not enabled(name, {name: "0"})
+        assert validate({name: "on"}) == [f"{name}='on' must be 0 or 1"]

@@ -82,13 +82,14 @@ class AdmissionRound:
         num_alloc = refused = 0
         for req in reqs:
             result = self.admission.match_and_lock(req, tree_cache, request_kind(req), match_fn)
+            self._matches[str(req.rid)] = (req, result)  # from here on close() releases it
             prefix_len = self.admission.plan_for(str(req.rid)).decode_prefix_len
             alloc = sizer.alloc_tokens(req, prefix_len)
             if sizer.admission_tokens(req, alloc, prefix_len) > sizer.budget(len(rids)) - num_alloc:
+                del self._matches[str(req.rid)]
                 self._unlock(req)
                 refused = 1
                 break
-            self._matches[str(req.rid)] = (req, result)
             rids.append(str(req.rid))
             num_alloc += alloc
         shortfall = num_alloc - sizer.available()

@@ -21,7 +21,13 @@ def around_match_prefix_and_lock(original, queue, req):
     tree = queue.tree_cache
     if queue._uses_swa_tail_prealloc() or tree.supports_mamba():
         return original(queue, req)
-    planned = round_hooks.planned_match(queue, req)
+    try:
+        planned = round_hooks.planned_match(queue, req)
+    except Exception:  # never take the scheduler down: admit this call per request, as SGLang does
+        STATE.count_hook_error("admission_round")
+        logger.exception("sglang_pd: planning the admission round failed; admitting per request")
+        STATE.admission_round.close()
+        planned = None
     if planned is not None:  # matched and locked when the admission round was planned
         return queue._build_decode_prefix_match(req, planned)
     try:

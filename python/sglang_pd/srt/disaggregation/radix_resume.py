@@ -14,7 +14,7 @@ published by the running-request checkpoint). This class owns the better path:
 sampled token has no KV yet) and equals the length of the backup. At least one token is always
 restored, so SGLang never preallocates an empty extension.
 
-Mutating: `match_and_lock`, `restore`. Read-only: `plan_for`, `snapshot`. Scheduler thread only.
+Mutating: `match_and_lock`, `restore`, `abandon`. Read-only: `plan_for`, `snapshot`. Scheduler thread only.
 """
 
 from __future__ import annotations
@@ -123,6 +123,15 @@ class RadixResume:
         req.kv.retraction_backup = None
         self._count(plan)
         return True
+
+    def abandon(self, req: Any, tree_cache: Any) -> None:
+        """Undo a failed `match_and_lock`: release its lock, drop its plan, unbind the match (mutates)."""
+        self._pending.pop(str(req.rid), None)
+        if getattr(req, "lock", None) is not None:
+            tree_cache.unlock(req.lock)
+            req.lock = None
+        req.prefix_len = 0
+        req.last_node = None  # SGLang binds the root prefix again when the request is scheduled
 
     def _count(self, plan: ResumePlan) -> None:
         self.num_resumed += 1

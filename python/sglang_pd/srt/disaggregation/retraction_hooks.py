@@ -28,15 +28,18 @@ def plain_radix_decode(queue) -> bool:
                 and not queue.scheduler.enable_decode_hicache)
 
 
-def _is_resume(queue, req) -> bool:
-    """`_pre_alloc` called by resume_retracted_reqs for a request backed up to CPU tensors."""
+def _cpu_backup_of_plain_kv(allocator) -> bool:
+    """Retraction backs KV up as CPU tensors of a plain MHA pool (the layout RadixResume slices)."""
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
     from sglang.srt.runtime_context import get_disagg
 
-    kvcache = queue.token_to_kv_pool_allocator.get_kvcache()
     return (get_disagg().disaggregation_decode_retraction_backup == "cpu_tensor"
-            and req.kv.retraction_backup is not None
-            and type(kvcache).get_cpu_copy is MHATokenToKVPool.get_cpu_copy
+            and type(allocator.get_kvcache()).get_cpu_copy is MHATokenToKVPool.get_cpu_copy)
+
+
+def _is_resume(queue, req) -> bool:
+    """`_pre_alloc` called by resume_retracted_reqs for a request backed up to CPU tensors."""
+    return (req.kv.retraction_backup is not None and _cpu_backup_of_plain_kv(queue.token_to_kv_pool_allocator)
             and any(r is req for r in queue.retracted_queue))
 
 
@@ -48,10 +51,16 @@ def around_pre_alloc(original, queue, req, prefix_indices=None, prefix_len=None,
     from sglang.srt.mem_cache.common import match_kv_cache
 
     tree = queue.tree_cache
-    plan = STATE.radix_resume.match_and_lock(req, tree, queue._pre_alloc_fill_len(req), match_kv_cache)
+    try:
+        plan = STATE.radix_resume.match_and_lock(req, tree, queue._pre_alloc_fill_len(req), match_kv_cache)
+        indices = tree.prefix_device_indices(req) if plan.prefix_len else None
+    except Exception:  # never take the scheduler down: resume the upstream way, holding nothing
+        STATE.count_hook_error("radix_resume")
+        logger.exception("sglang_pd: radix-aware resume of %s failed; restoring it in full", req.rid)
+        STATE.radix_resume.abandon(req, tree)
+        return original(queue, req, None, None, None)
     if plan.prefix_len == 0:
         return original(queue, req, None, None, None)
-    indices = tree.prefix_device_indices(req)
     out = original(queue, req, indices, plan.prefix_len, plan.prefix_len)
     req.kv.cache_protected_len = plan.prefix_len  # the tree owns [0, prefix_len) of the row
     return out
@@ -62,5 +71,11 @@ def around_load_kv_cache(original, req, req_to_token_pool, token_to_kv_pool_allo
     def load_all():
         original(req, req_to_token_pool, token_to_kv_pool_allocator)
 
-    if not STATE.radix_resume.restore(req, req_to_token_pool, token_to_kv_pool_allocator, load_all):
+    try:
+        restored = STATE.radix_resume.restore(req, req_to_token_pool, token_to_kv_pool_allocator, load_all)
+    except Exception:  # the tree's prefix slots hold the same KV, so a full restore is still correct
+        STATE.count_hook_error("radix_resume_restore")
+        logger.exception("sglang_pd: partial restore of %s failed; restoring it in full", req.rid)
+        restored = False
+    if not restored and req.kv.retraction_backup is not None:
         load_all()
