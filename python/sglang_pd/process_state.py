@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from sglang_pd.srt.disaggregation.decode_admission import DecodePrefixAdmission
 from sglang_pd.srt.disaggregation.prefill_transfer_log import PrefillTransferLog
+from sglang_pd.srt.disaggregation.slo_controller import SloController
 from sglang_pd.srt.fault_injection import FaultPlan
 from sglang_pd.srt.mem_cache.lock_ledger import LockLedger
 from sglang_pd.srt.mem_cache.tree_integrity import IntegrityReport
@@ -61,9 +62,11 @@ class ProcessState:
     faults: FaultPlan = field(default_factory=FaultPlan)
     num_retracted: int = 0
     counters: PDCounters = field(default_factory=PDCounters)
+    slo: SloController = None  # built in __post_init__ from SGLANG_PD_*_TARGET_MS, around counters
 
     def __post_init__(self):
         self.decode_admission = DecodePrefixAdmission(self.lock_ledger, counters=self.counters)
+        self.slo = SloController.from_env(counters=self.counters)
 
     def count_hook_error(self, hook: str) -> None:
         """Count an exception a hook caught to keep SGLang serving (logged by the hook)."""
@@ -96,6 +99,7 @@ class ProcessState:
             "faults": self.faults.snapshot(),
             "num_retracted": self.num_retracted,
             "counters": self.counters.snapshot(),
+            "slo": self.slo.snapshot(num_recent_steps=512),
         }
 
 
