@@ -8,9 +8,11 @@ running request, so each admission makes every running request's next token late
   launch to the next is what a streaming client sees between two tokens (forward + scheduling +
   output). A gap that spans an idle scheduler is not a step and is dropped.
 - `decide_admission` admits waiting requests in FIFO order only while the learned model predicts
-  the next step within the target. An empty batch always admits one request (no starvation); while
-  the model is not ready it admits at most `probe_step` more per step, which spreads the batch sizes
-  the model learns from.
+  the next step within `HEADROOM` x target (the batch's KV grows by one token per request per step
+  after the decision, and the client sees the step plus its streaming overhead). An empty batch
+  always admits one request (no starvation); before the first fit the batch grows by one request
+  per step up to `PROBE_BATCH`, which gives the model distinct batch sizes to learn from without
+  paying for a large batch blind.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ from typing import NamedTuple, Sequence
 
 from sglang_pd.srt.disaggregation.step_time_model import StepTimeModel
 
-PROBE_STEP = 4
+PROBE_BATCH = 4
+HEADROOM = 0.9
 
 
 class StepSample(NamedTuple):
@@ -75,11 +78,12 @@ def max_batch_within(model: StepTimeModel, target_s: float, tokens_per_request: 
 
 
 def decide_admission(model: StepTimeModel, target_s: float, num_running: int, num_tokens: int,
-                     waiting_lens: Sequence[int], probe_step: int = PROBE_STEP) -> AdmissionDecision:
+                     waiting_lens: Sequence[int], probe_batch: int = PROBE_BATCH) -> AdmissionDecision:
     """FIFO admission under an ITL target (read-only). `waiting_lens`: KV length of each waiting request."""
     if not model.ready():
-        num_admit = min(len(waiting_lens), max(probe_step, 1))
-        return AdmissionDecision(num_admit, None, num_running + num_admit, "probing")
+        num_admit = min(len(waiting_lens), 1 if num_running < probe_batch else 0)
+        return AdmissionDecision(num_admit, None, max(probe_batch, num_running), "probing")
+    target_s *= HEADROOM
     mean_len = num_tokens / num_running if num_running else (waiting_lens[0] if waiting_lens else 0)
     cap = max_batch_within(model, target_s, mean_len) or 0
     n, tokens, num_admit = num_running, num_tokens, 0

@@ -68,16 +68,17 @@ class RobustLinearFit:
                 and len({x[0] for x in self._xs}) >= self.min_distinct_x0)
 
     def coefficients(self) -> np.ndarray | None:
-        """[intercept, slopes...] of the current fit, refit if stale; None when not ready."""
+        """[intercept, slopes...], refit if stale and the window allows; the last fit is kept while the
+        window lacks spread (a steady batch size teaches nothing new); None before the first fit."""
         if not self.ready():
-            return None
+            return self._coef
         if self._coef is None or self._since_fit >= self.refit_every:
             self._coef = self._fit()
             self._since_fit = 0
         return self._coef
 
     def predict(self, x: Sequence[float]) -> float | None:
-        """Predicted y at `x`, or None while the fit is not ready."""
+        """Predicted y at `x`, or None before the first fit."""
         coef = self.coefficients()
         if coef is None:
             return None
@@ -134,5 +135,5 @@ class StepTimeModel:
         return self.fit.predict(self.features(num_running, num_tokens))
 
     def ready(self) -> bool:
-        """True once predictions can be trusted (see RobustLinearFit.ready)."""
-        return self.fit.ready()
+        """True once there is a fit to predict with (see RobustLinearFit.coefficients)."""
+        return self.fit.coefficients() is not None
