@@ -65,17 +65,6 @@ def _cached_prefix_len(tree, req) -> int:
     return int(tree.match_prefix(MatchPrefixParams(key=key)).device_prefix_len)
 
 
-def _refuse(queue, req, message: str) -> None:
-    """Abort with 503 while the request still holds nothing; tell prefill when its address is known."""
-    from sglang.srt.disaggregation.utils import prepare_abort
-
-    prepare_abort(req, message, status_code=HTTPStatus.SERVICE_UNAVAILABLE)
-    decode_req = next((d for d in reversed(queue.queue) if d.req is req), None)
-    receiver = getattr(decode_req, "kv_receiver", None)
-    if receiver is not None and getattr(receiver, "bootstrap_infos", None):
-        receiver.ensure_abort_notified()  # prefill fails the room and answers its client at once
-
-
 def around_prealloc_add(original, queue, req, is_retracted: bool = False, is_rebootstrap: bool = False):
     """A new request reaches decode: refuse it now if its predicted TTFT is over target."""
     slo = STATE.slo
@@ -86,8 +75,12 @@ def around_prealloc_add(original, queue, req, is_retracted: bool = False, is_reb
     num_ahead = len(queue.queue) + len(sched.disagg_decode_transfer_queue.queue) + len(sched.waiting_queue)
     uncached = len(req.origin_input_ids) - _cached_prefix_len(queue.tree_cache, req)
     decision = slo.on_entry(str(req.rid), time.perf_counter(), num_ahead, uncached)
-    result = original(queue, req, is_retracted=is_retracted, is_rebootstrap=is_rebootstrap)
     if decision.reject and req.finished_reason is None:
+        from sglang.srt.disaggregation.utils import prepare_abort
+
+        # Upstream's door: an aborted request that holds nothing is retired at once (no receiver, no
+        # page, no lock) and its 503 streamed. Prefill never hears from this decode: the router (or
+        # client) that sent the pair aborts the prefill half, as it does for any failed decode.
         logger.warning("sglang_pd: %s refused: %s", req.rid, decision.message)
-        _refuse(queue, req, decision.message)
-    return result
+        prepare_abort(req, decision.message, status_code=HTTPStatus.SERVICE_UNAVAILABLE)
+    return original(queue, req, is_retracted=is_retracted, is_rebootstrap=is_rebootstrap)

@@ -5,7 +5,9 @@
 iteratively reweighted least squares (a few passes; a sample whose residual is far beyond the
 median absolute residual gets a small weight, so a step slowed by a stray stall or a neighbour
 process does not drag the fit). A tiny ridge term keeps collinear features (requests vs tokens
-move together) well-posed. Coefficients are refit lazily, at most every `refit_every` samples.
+move together) well-posed, and slopes are kept non-negative: a feature the window barely varies
+(e.g. uncached tokens when every request hits the cache) cannot get a negative slope that would
+make a larger request look faster. Coefficients are refit lazily, at most every `refit_every` samples.
 
 `StepTimeModel` fits seconds per decode step against (running requests, running tokens / 1000).
 No SGLang import: testable on plain numbers and recorded traces.
@@ -96,15 +98,27 @@ class RobustLinearFit:
         y = np.asarray(self._ys, dtype=float)
         age = np.arange(self.num_samples - 1, -1, -1, dtype=float)
         decay = 0.5 ** (age / self.half_life)
-        weights = decay.copy()
-        coef = np.zeros(x.shape[1])
-        for _ in range(_IRLS_PASSES):
-            coef = _weighted_ridge(x, y, weights)
-            resid = y - x @ coef
-            scale = 1.4826 * float(np.median(np.abs(resid - np.median(resid)))) or 1e-9
-            ratio = np.abs(resid) / (_HUBER_K * scale)
-            weights = decay * np.where(ratio <= 1.0, 1.0, 1.0 / np.maximum(ratio, 1e-12))
-        return coef
+        active = np.ones(x.shape[1], dtype=bool)
+        while True:  # slopes are non-negative by physics (more work never takes less time): drop any
+            coef = np.zeros(x.shape[1])  # that the data would make negative and refit without it
+            coef[active] = _huber_fit(x[:, active], y, decay)
+            negative = active & (coef < 0)
+            negative[0] = False
+            if not negative.any():
+                return coef
+            active &= ~negative
+
+
+def _huber_fit(x: np.ndarray, y: np.ndarray, decay: np.ndarray) -> np.ndarray:
+    weights = decay.copy()
+    coef = np.zeros(x.shape[1])
+    for _ in range(_IRLS_PASSES):
+        coef = _weighted_ridge(x, y, weights)
+        resid = y - x @ coef
+        scale = 1.4826 * float(np.median(np.abs(resid - np.median(resid)))) or 1e-9
+        ratio = np.abs(resid) / (_HUBER_K * scale)
+        weights = decay * np.where(ratio <= 1.0, 1.0, 1.0 / np.maximum(ratio, 1e-12))
+    return coef
 
 
 def _weighted_ridge(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
