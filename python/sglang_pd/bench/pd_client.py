@@ -38,6 +38,21 @@ def _mark_rejected(result: StreamResult, status: int, text: str, header: str | N
         result.retry_after_s = int(header) if header else retry_after_from(text)
 
 
+def abort_prefill_half(prefill_url: str, rid: str, prefill: cf.Future, patience_s: float = 30.0) -> None:
+    """Abort the prefill half of a pair whose decode half was refused, until prefill answers.
+
+    Repeated because the abort can reach prefill before the request itself does (then it is a no-op
+    and the request would wait for its decode until SGLang's bootstrap timeout)."""
+    deadline = time.monotonic() + patience_s
+    while time.monotonic() < deadline:
+        requests.post(prefill_url + "/abort_request", json={"rid": rid}, timeout=30)
+        try:
+            prefill.result(timeout=0.5)
+            return
+        except cf.TimeoutError:
+            continue
+
+
 def _plain_fields(meta_info: dict) -> dict:
     """Streamed chunks after the first repeat request-level fields as SGLang's accumulated
     one-element list; read them as the number they are."""
@@ -93,7 +108,7 @@ def pd_stream(prefill_url: str, decode_url: str, bootstrap_port: int, input_ids:
         except requests.RequestException as exc:
             result.error = f"decode: {exc}"
         if result.rejected:  # as a router would: prefill must not wait for a decode that never comes
-            requests.post(prefill_url + "/abort_request", json={"rid": rid}, timeout=30)
+            abort_prefill_half(prefill_url, rid, prefill)
         try:
             prefill_resp = prefill.result()
             if prefill_resp.status_code >= 400 and not result.error and not result.rejected:

@@ -9,7 +9,7 @@ import random
 import pytest
 
 from sglang_pd.bench.multiturn_workload import WorkloadConfig, run_workload, system_prompt
-from sglang_pd.bench.pd_client import pd_stream
+from sglang_pd.bench.pd_client import abort_prefill_half, pd_stream
 from sglang_pd.bench.report import percentile
 from sglang_pd.harness import DeploymentConfig, PDDeployment
 from sglang_pd.models import VOCAB_SIZE
@@ -67,7 +67,7 @@ def _pair_as_a_router_does(pd: PDDeployment, prompt: list[int], room: int):
         prefill = pool.submit(pd.post_generate, pd.prefill.url, prompt, 32, 180, **extra)
         decode = pd.post_generate(pd.decodes[0].url, prompt, 32, 180, **extra)
         if decode.status_code == 503:
-            pd.abort(pd.prefill, extra["rid"])
+            abort_prefill_half(pd.prefill.url, extra["rid"], prefill)
         return prefill.result(), decode, room
 
 
