@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from sglang_pd.config import validate
-from sglang_pd.srt.disaggregation.early_rejection import TtftPredictor, decide_rejection, retry_after_from
+from sglang_pd.srt.disaggregation.early_rejection import (PROBE_INTERVAL_S, TtftPredictor, decide_rejection,
+                                                          retry_after_from)
 from sglang_pd.srt.disaggregation.itl_admission import HEADROOM, PROBE_BATCH, StepMeter, decide_admission
 from sglang_pd.srt.disaggregation.slo_controller import SloController
 from sglang_pd.srt.disaggregation.step_time_model import RobustLinearFit, StepTimeModel
@@ -147,11 +148,32 @@ def test_controller_refuses_without_remembering_and_counts():
         assert not ctl.on_entry(f"ok{i}", float(i), i % 5, 32).reject
         ctl.on_admitted([f"ok{i}"], float(i) + 0.5 * (i % 5))
     ctl.ttft_target_s = 1.0
-    refused = ctl.on_entry("late", 50.0, 9, 32)  # predicted 4.5 s > 1 s
+    refused = ctl.on_entry("late", 21.5, 9, 32)  # predicted 4.5 s > 1 s
     assert refused.reject and ctl.num_rejected == 1 and counters.values["early_rejected_requests_total"] == 1
     assert ctl.ttft.num_pending == 0  # refused: nothing remembered for it
     assert "exceeds the target 1000 ms" in ctl.last_rejection
     assert ctl.snapshot()["num_rejected"] == 1
+    # Nothing learnt for PROBE_INTERVAL_S (everyone refused): the next one goes through as a probe.
+    probe = ctl.on_entry("probe", 21.5 + PROBE_INTERVAL_S, 9, 32)
+    assert not probe.reject and ctl.num_probes == 1 and ctl.ttft.num_pending == 1
+
+
+def test_a_refusing_predictor_relearns_from_probes():
+    ctl = SloController(ttft_target_s=1.0)
+    now = 0.0
+    for i in range(16):  # a start-up burst: long waits whatever is ahead (they sat in prefill's queue)
+        ctl.on_entry(f"b{i}", now, i % 4, 32)
+        ctl.on_admitted([f"b{i}"], now + 4.0)
+        now += 0.1
+    assert ctl.on_entry("x", now, 0, 32).reject  # biased: even an empty queue looks like 4 s
+    served = 0
+    for i in range(60):  # calm now: a request admitted 0.2 s after it arrives, when let through
+        now += 1.0
+        if not ctl.on_entry(f"c{i}", now, 0, 32).reject:
+            ctl.on_admitted([f"c{i}"], now + 0.2)
+            served += 1
+    assert ctl.ttft.predict(0, 32) == pytest.approx(0.2, abs=0.1)
+    assert not ctl.on_entry("y", now + 0.5, 0, 32).reject and served > 30
 
 
 def test_controller_without_targets_limits_and_refuses_nothing():

@@ -6,6 +6,11 @@ what is ahead of it (requests in the prealloc, transfer and waiting queues) and 
 tokens (what prefill must compute and send). Entries are remembered by rid until the request joins
 the batch; requests that never do (aborted, rejected) simply age out of the bounded table.
 
+A predictor that refuses learns nothing from the refused, so a stale or biased fit (e.g. learnt in a
+start-up burst whose wait sat in prefill's queue, invisible here) could refuse everything forever.
+Two guards keep it honest: a short, fast-decaying window (the fit follows the latest admissions),
+and a probe: when nothing was learnt for `PROBE_INTERVAL_S`, the next request is let through.
+
 `decide_rejection` turns a prediction into a refusal with a message naming predicted vs target
 TTFT and `retry_after_s=<n>`, which the HTTP process copies into a `Retry-After` header.
 """
@@ -19,6 +24,7 @@ from typing import NamedTuple
 from sglang_pd.srt.disaggregation.step_time_model import RobustLinearFit
 
 RETRY_AFTER_KEY = "retry_after_s="
+PROBE_INTERVAL_S = 2.0
 
 
 class RejectionDecision(NamedTuple):
@@ -37,10 +43,18 @@ class TtftPredictor:
     def __init__(self, max_pending: int = 8192, **fit_kwargs):
         fit_kwargs.setdefault("min_samples", 8)
         fit_kwargs.setdefault("min_distinct_x0", 2)
+        fit_kwargs.setdefault("window", 64)
+        fit_kwargs.setdefault("half_life", 16.0)
+        fit_kwargs.setdefault("refit_every", 1)
         self.fit = RobustLinearFit(num_features=2, **fit_kwargs)
         self._pending: OrderedDict[str, tuple[float, tuple[float, float]]] = OrderedDict()
         self._max_pending = max_pending
         self.last_predicted_s: float | None = None
+        self.last_learnt_s: float | None = None
+
+    def needs_probe(self, now_s: float) -> bool:
+        """True when nothing was learnt for PROBE_INTERVAL_S: let the next request through (read-only)."""
+        return self.last_learnt_s is None or now_s - self.last_learnt_s >= PROBE_INTERVAL_S
 
     @staticmethod
     def features(num_ahead: int, num_uncached_tokens: int) -> tuple[float, float]:
@@ -66,6 +80,7 @@ class TtftPredictor:
             return None
         waited = now_s - entry[0]
         self.fit.add(entry[1], waited)
+        self.last_learnt_s = now_s
         return waited
 
     @property

@@ -44,6 +44,7 @@ class SloController:
         self.last_decision: AdmissionDecision | None = None
         self.num_deferred_steps = 0   # steps where the target held waiting requests back
         self.num_rejected = 0
+        self.num_probes = 0
         self.last_rejection: str = ""
 
     @classmethod
@@ -82,6 +83,9 @@ class SloController:
         if self.ttft_target_s is None:
             return decide_rejection(None, 0.0)
         decision = decide_rejection(predicted, self.ttft_target_s)
+        if decision.reject and self.ttft.needs_probe(now_s):
+            self.num_probes += 1  # refused ones teach nothing: let this one through to keep learning
+            decision = decide_rejection(None, self.ttft_target_s)
         if decision.reject:
             self.num_rejected += 1
             self.last_rejection = decision.message
@@ -108,7 +112,7 @@ class SloController:
             "last_admission": None if last is None else last._asdict(),
             "num_deferred_steps": self.num_deferred_steps,
             "ttft_model": ttft_fit._asdict(), "ttft_pending": self.ttft.num_pending,
-            "num_rejected": self.num_rejected, "last_rejection": self.last_rejection,
+            "num_rejected": self.num_rejected, "num_probes": self.num_probes, "last_rejection": self.last_rejection,
         }
         if self.itl_target_s is not None and last is not None and last.predicted_step_s is not None:
             snap["last_admission"]["predicted_step_ms"] = last.predicted_step_s * 1000
