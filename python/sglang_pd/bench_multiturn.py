@@ -3,11 +3,15 @@
     python -m sglang_pd.bench_multiturn --preset short            # README main job (~3-4 min here)
     python -m sglang_pd.bench_multiturn --preset capacity         # FINDINGS §5 mechanism (decode pool < clients x prefix)
     python -m sglang_pd.bench_multiturn --prefill-url URL --decode-url URL --bootstrap-port P   # attach (one config)
+    python -m sglang_pd.bench_multiturn --preset capacity --configs off,on,on+itl,on+itl+reject \
+        --itl-target-ms 40 --ttft-target-ms 3000 --pareto-itl-targets 30,60   # SLO comparison + Pareto plot
 
 Each configuration gets its own fresh PD deployment (started, primed with the shared system prompt,
 measured, stopped). Prints a table (TTFT p50/p90/p99, ITL, request and token throughput, decode hit
 rate, KV pages and bytes transferred, measured at prefill), writes JSON and a PNG of per-round TTFT
-and hit rate, and checks that greedy outputs are identical OFF vs ON.
+and hit rate, and checks that greedy outputs are identical OFF vs ON. With SLO targets it also
+scores every request (bench/slo.py: attainment, goodput; plots), and `--pareto-itl-targets` adds one
+`on+itl` run per target and plots TTFT p50 against ITL p50.
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ from tqdm import tqdm
 from sglang_pd.bench.multiturn_workload import WorkloadConfig, run_workload, system_prompt
 from sglang_pd.bench.pd_client import pd_stream
 from sglang_pd.bench.report import format_table, plot, summarize
+from sglang_pd.bench.slo import BenchConfig, SloTargets, parse_configs, plot_pareto, plot_slo, slo_figures
 from sglang_pd.harness import DeploymentConfig, PDDeployment
 
 PRESETS: dict[str, tuple[dict, dict]] = {  # name -> (workload, deployment)
@@ -45,7 +50,12 @@ WORKLOAD_FLAGS = [f.name for f in dataclasses.fields(WorkloadConfig)]
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(PRESETS), default="short")
-    p.add_argument("--modes", default="off,on", help="decode radix cache configurations to run, in order")
+    p.add_argument("--configs", "--modes", dest="configs", default="off,on",
+                   help="configurations to run, in order, each on a fresh PD pair: off|on[+itl][+reject]")
+    p.add_argument("--itl-target-ms", type=float, help="ITL target: +itl configs run with it; requests are scored on it")
+    p.add_argument("--ttft-target-ms", type=float, help="TTFT target: +reject configs run with it; requests scored on it")
+    p.add_argument("--pareto-itl-targets", default="",
+                   help="comma list of ITL targets (ms): one extra on+itl run each, plotted TTFT p50 vs ITL p50")
     p.add_argument("--model", help="built-in model (overrides the preset's)")
     p.add_argument("--transfer-backend", default="mooncake_tcp", choices=("mooncake_tcp", "nixl"))
     p.add_argument("--page-size", type=int, help="KV page size (overrides the preset's)")
@@ -64,9 +74,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     attach = [args.prefill_url, args.decode_url, args.bootstrap_port]
     if any(attach) and not all(attach):
         p.error("attach mode needs all of --prefill-url, --decode-url and --bootstrap-port")
-    args.modes = [m.strip() for m in args.modes.split(",") if m.strip()]
-    if not all(m in ("off", "on") for m in args.modes) or not args.modes:
-        p.error(f"--modes must list off and/or on, got {args.modes}")
+    try:
+        args.configs = parse_configs(args.configs, args.itl_target_ms, args.ttft_target_ms)
+        args.pareto = [float(t) for t in args.pareto_itl_targets.split(",") if t.strip()]
+        args.pareto_configs = [parse_configs("on+itl", t, None)[0] for t in args.pareto]
+    except ValueError as exc:
+        p.error(str(exc))
+    args.slo = SloTargets(*(None if v is None else v / 1000 for v in (args.ttft_target_ms, args.itl_target_ms)))
     return args
 
 
@@ -81,40 +95,62 @@ def _prefill_transfer(url: str) -> dict:
     return {"pages": state["kv_pages_transferred_total"], "bytes": state["kv_bytes_transferred_total"]}
 
 
-def measure(prefill_url, decode_url, bootstrap_port, cfg: WorkloadConfig, label: str, progress: bool):
+def measure(prefill_url, decode_url, bootstrap_port, cfg: WorkloadConfig, label: str, progress: bool,
+            slo: SloTargets | None = None):
     """Prime the shared prefix, run the workload, return (summary, outputs by (client, round))."""
     send = lambda ids, n: pd_stream(prefill_url, decode_url, bootstrap_port, ids, n)  # noqa: E731
     primed = send(system_prompt(cfg), 1)
     if not primed.ok:
         raise RuntimeError(f"priming request failed: {primed.error}")
     before = _prefill_transfer(prefill_url)
-    bar = tqdm(total=cfg.num_clients * cfg.num_rounds, desc=f"radix {label}", disable=not progress, file=sys.stderr)
+    bar = tqdm(total=cfg.num_clients * cfg.num_rounds, desc=label, disable=not progress, file=sys.stderr)
     start = time.perf_counter()
-    records = run_workload(cfg, send, on_done=lambda r: bar.update(1))
+    records = run_workload(cfg, send, on_done=lambda r: bar.update(0 if r.result.rejected else 1))
     duration = time.perf_counter() - start
     bar.close()
     after = _prefill_transfer(prefill_url)
     transfer = {k: after[k] - before[k] for k in after}
-    outputs = {(r.client, r.round): r.result.output_ids for r in records}
-    return summarize(records, duration, transfer), outputs
+    outputs = {(r.client, r.round): r.result.output_ids for r in records if not r.result.rejected}
+    summary = summarize(records, duration, transfer)
+    if slo is not None and (slo.ttft_s or slo.itl_s):
+        summary.update(slo_figures([r.result for r in records], duration, slo))
+    summary["decode_slo"] = PDDeployment.get_json(decode_url, "/sglang_pd/stats")["schedulers"][0].get("slo")
+    return summary, outputs
 
 
-def run_mode(mode: str, args, cfg: WorkloadConfig):
+def run_config(config: BenchConfig, args, cfg: WorkloadConfig):
     """Fresh deployment for one configuration; stopped whatever happens."""
-    deploy = dict(PRESETS[args.preset][1], transfer_backend=args.transfer_backend)
+    deploy = dict(PRESETS[args.preset][1], transfer_backend=args.transfer_backend, env_overrides=config.env)
     if args.model:
         deploy["model"] = args.model
     if args.page_size:
         deploy["page_size"] = args.page_size
     t0 = time.perf_counter()
-    with PDDeployment(DeploymentConfig(decode_radix=(mode == "on"), **deploy)) as dep:
-        print(f"[radix {mode}] PD pair up in {time.perf_counter() - t0:.0f}s (logs {dep.log_dir})", file=sys.stderr)
-        return measure(dep.prefill.url, dep.decodes[0].url, dep.bootstrap_port, cfg, mode, not args.no_progress)
+    with PDDeployment(DeploymentConfig(decode_radix=config.decode_radix, **deploy)) as dep:
+        print(f"[{config.name}] PD pair up in {time.perf_counter() - t0:.0f}s (logs {dep.log_dir})", file=sys.stderr)
+        return measure(dep.prefill.url, dep.decodes[0].url, dep.bootstrap_port, cfg, config.name,
+                       not args.no_progress, args.slo)
 
 
 def machine() -> str:
     mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     return f"{platform.machine()} {os.cpu_count()} cores, {mem_gib:.0f} GiB, no GPU, Python {platform.python_version()}"
+
+
+def _pareto_points(args, results: dict) -> dict[str, dict]:
+    """Run one on+itl configuration per Pareto target (reusing a matching main run)."""
+    points = {}
+    for target, config in zip(args.pareto, args.pareto_configs):
+        same = next((name for name, c in ((c.name, c) for c in args.configs) if c.env == config.env), None)
+        points[f"itl {target:g} ms"] = results[same] if same else run_config(config, args, workload_config(args))[0]
+    return points
+
+
+def _write_pareto(args, results: dict, pareto: dict, out: Path) -> None:
+    refs = [(f"radix {n}", results[n]) for n in ("off", "on") if n in results]
+    pts = [(label, r["ttft_p50_s"], r["itl_p50_ms"]) for label, r in refs + list(pareto.items())]
+    plot_pareto(pts, str(out / f"bench_multiturn_{args.preset}_pareto.png"))
+    print("\nPareto (TTFT p50 s, ITL p50 ms): " + "; ".join(f"{lbl}: {t:.3f}, {i:.1f}" for lbl, t, i in pts))
 
 
 def main(argv=None) -> int:
@@ -123,10 +159,11 @@ def main(argv=None) -> int:
     results, outputs = {}, {}
     if args.prefill_url:
         results[args.label], outputs[args.label] = measure(args.prefill_url, args.decode_url, args.bootstrap_port,
-                                                           cfg, args.label, not args.no_progress)
+                                                           cfg, args.label, not args.no_progress, args.slo)
     else:
-        for mode in args.modes:
-            results[mode], outputs[mode] = run_mode(mode, args, cfg)
+        for config in args.configs:
+            results[config.name], outputs[config.name] = run_config(config, args, cfg)
+    pareto = _pareto_points(args, results) if args.pareto and not args.prefill_url else {}
     same = None
     if "off" in outputs and "on" in outputs:
         same = sum(outputs["off"][k] == outputs["on"].get(k) for k in outputs["off"])
@@ -134,17 +171,22 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     report = {"preset": args.preset, "machine": machine(), "workload": dataclasses.asdict(cfg),
               "deployment": PRESETS[args.preset][1], "model": args.model, "page_size": args.page_size,
-              "transfer_backend": args.transfer_backend,
-              "results": results, "identical_outputs_off_vs_on": same}
+              "transfer_backend": args.transfer_backend, "slo": args.slo.describe(),
+              "configs": [dataclasses.asdict(c) for c in args.configs],
+              "results": results, "pareto": pareto, "identical_outputs_off_vs_on": same}
     (out / f"bench_multiturn_{args.preset}.json").write_text(json.dumps(report, indent=2))
     plot(results, str(out / f"bench_multiturn_{args.preset}.png"))
+    if all("slo_attainment" in r for r in results.values()):
+        plot_slo(results, str(out / f"bench_multiturn_{args.preset}_slo.png"))
     print(f"\nbench_multiturn preset={args.preset} backend={args.transfer_backend} on {machine()}")
-    print(f"workload: {json.dumps(dataclasses.asdict(cfg))}\n")
+    print(f"workload: {json.dumps(dataclasses.asdict(cfg))}; SLO scored: {args.slo.describe()}\n")
     print(format_table(results))
     if same is not None:
         print(f"\nidentical greedy outputs OFF vs ON: {same}/{len(outputs['off'])}")
-    print(f"\nJSON and PNG in {out}/")
-    return 0 if all(r["failed"] == 0 for r in results.values()) else 1
+    if pareto:
+        _write_pareto(args, results, pareto, out)
+    print(f"\nJSON and PNGs in {out}/")
+    return 0 if all(r["failed"] == 0 for r in [*results.values(), *pareto.values()]) else 1
 
 
 if __name__ == "__main__":

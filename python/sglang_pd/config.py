@@ -34,6 +34,13 @@ def _flag(value: str) -> str | None:
     return None if value in ("0", "1") else "must be 0 or 1"
 
 
+def _positive_ms(value: str) -> str | None:
+    try:
+        return None if float(value) > 0 else "must be > 0 milliseconds"
+    except ValueError:
+        return "is not a number of milliseconds"
+
+
 def _path(value: str) -> str | None:
     return None if value.strip() else "must be a folder path"
 
@@ -52,6 +59,13 @@ SETTINGS: tuple[Setting, ...] = (
             " eviction", _flag),
     Setting(f"{PREFIX}MODEL_DIR", None,
             "where built-in model folders are written (default ~/.cache/sglang_pd/models)", _path),
+    # SLO-aware decode admission (srt/disaggregation/slo_controller.py); unset = upstream behaviour.
+    Setting(f"{PREFIX}ITL_TARGET_MS", None,
+            "decode: target inter-token latency (ms); waiting requests join the running batch only while "
+            "the learned step time stays within it (an empty batch always takes one)", _positive_ms),
+    Setting(f"{PREFIX}TTFT_TARGET_MS", None,
+            "decode: refuse a new request at once (HTTP 503 + Retry-After) when its predicted time to "
+            "first token exceeds this many ms", _positive_ms),
 )
 
 

@@ -13,7 +13,7 @@ from sglang_pd import http_routes
 from sglang_pd.process_state import ProcessKind
 from sglang_pd.srt import scheduler_hooks
 from sglang_pd.srt.disaggregation import (decode_hooks, nixl_host_memory, prefill_hooks, request_fields,
-                                           retraction_hooks, round_hooks)
+                                           retraction_hooks, round_hooks, slo_hooks)
 from sglang_pd.srt.mem_cache import checkpoint_hooks, ledger_hooks
 
 _DISAGG = "sglang.srt.disaggregation"
@@ -36,7 +36,8 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
     HookSpec(
         "sglang.srt.entrypoints.http_server.launch_server", "BEFORE",
         http_routes.before_launch_server, ProcessKind.HTTP,
-        "mount GET /sglang_pd/info and /sglang_pd/stats on the server's own FastAPI app"),
+        "mount GET /sglang_pd/info and /sglang_pd/stats on the server's own FastAPI app (and, with a TTFT "
+        "target, the Retry-After middleware for early-rejection 503s)"),
     HookSpec(
         "sglang.srt.managers.tokenizer_manager.TokenizerManager.update_request_meta_info", "AFTER",
         request_fields.after_update_request_meta_info, ProcessKind.HTTP,
@@ -139,6 +140,18 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         f"{_DISAGG}.decode.DecodePreallocQueue.pop_preallocated", "AROUND",
         round_hooks.around_pop_preallocated, ProcessKind.SCHEDULER,
         "run the prealloc loop as one admission round (evict once); release planned locks not taken"),
+    # ---- SLO-aware decode admission (issue 10; slo_controller.py): ITL target, early rejection ----
+    HookSpec(
+        "sglang.srt.managers.scheduler.Scheduler.run_batch", "BEFORE", slo_hooks.before_run_batch,
+        ProcessKind.SCHEDULER, "decode: time launch-to-launch of decode steps, the samples the step model learns"),
+    HookSpec(
+        f"{_DISAGG}.decode.SchedulerDisaggregationDecodeMixin._get_new_prebuilt_batch", "AROUND",
+        slo_hooks.around_get_new_prebuilt_batch, ProcessKind.SCHEDULER,
+        "cap waiting -> running admissions at what keeps the predicted step within SGLANG_PD_ITL_TARGET_MS"),
+    HookSpec(
+        f"{_DISAGG}.decode.DecodePreallocQueue.add", "AROUND", slo_hooks.around_prealloc_add,
+        ProcessKind.SCHEDULER, "refuse (503) a request whose predicted TTFT exceeds SGLANG_PD_TTFT_TARGET_MS, "
+        "before any page or lock"),
 )
 
 

@@ -10,6 +10,7 @@ import sglang_pd
 from sglang_pd.process_state import STATE
 from sglang_pd.srt.fault_injection import KEY_PREFIX
 from sglang_pd.srt.fault_injection import enabled as fault_injection_enabled
+from sglang_pd.srt.disaggregation.slo_http import mount_retry_after
 from sglang_pd.srt.scheduler_hooks import INTERNAL_STATE_KEY
 
 INFO_PATH = "/sglang_pd/info"
@@ -80,3 +81,4 @@ def before_launch_server(*args, **kwargs):
         app.add_api_route(STATS_PATH, stats, methods=["GET"])
         if fault_injection_enabled():
             app.add_api_route(FAULTS_PATH, arm_faults, methods=["POST"])
+        mount_retry_after(app)

@@ -15,6 +15,7 @@ from sglang_pd.srt.disaggregation.admission_round import AdmissionRound
 from sglang_pd.srt.disaggregation.decode_admission import DecodePrefixAdmission
 from sglang_pd.srt.disaggregation.prefill_transfer_log import PrefillTransferLog
 from sglang_pd.srt.disaggregation.radix_resume import RadixResume
+from sglang_pd.srt.disaggregation.slo_controller import SloController
 from sglang_pd.srt.fault_injection import FaultPlan
 from sglang_pd.srt.mem_cache.lock_ledger import LockLedger
 from sglang_pd.srt.mem_cache.tree_integrity import IntegrityReport
@@ -65,11 +66,13 @@ class ProcessState:
     faults: FaultPlan = field(default_factory=FaultPlan)
     num_retracted: int = 0
     counters: PDCounters = field(default_factory=PDCounters)
+    slo: SloController = None  # built in __post_init__ from SGLANG_PD_*_TARGET_MS, around counters
 
     def __post_init__(self):
         self.decode_admission = DecodePrefixAdmission(self.lock_ledger, counters=self.counters)
         self.admission_round = AdmissionRound(self.decode_admission, counters=self.counters)
         self.radix_resume = RadixResume(counters=self.counters)
+        self.slo = SloController.from_env(counters=self.counters)
 
     def count_hook_error(self, hook: str) -> None:
         """Count an exception a hook caught to keep SGLang serving (logged by the hook)."""
@@ -104,6 +107,7 @@ class ProcessState:
             "radix_resume": self.radix_resume.snapshot(),
             "admission_round": self.admission_round.snapshot(),
             "counters": self.counters.snapshot(),
+            "slo": self.slo.snapshot(num_recent_steps=512),
         }
 
 

@@ -2,6 +2,8 @@
 
 Round 1 prompt = system + client question; round r+1 = previous prompt + previous answer + new
 question. Seeded: the same config always yields the same token ids (vocab of the built-in models).
+A turn that decode refuses (early rejection, 503) is retried after the Retry-After it was given, up
+to MAX_ATTEMPTS times; every attempt is a record (a refused one never meets an SLO).
 """
 
 from __future__ import annotations
@@ -65,17 +67,25 @@ def questions(cfg: WorkloadConfig, client: int) -> list[list[int]]:
 
 
 Send = Callable[[list[int], int], StreamResult]
+MAX_ATTEMPTS = 4
+MAX_RETRY_WAIT_S = 10.0
 
 
 class _Conversation:
     def __init__(self, cfg: WorkloadConfig, client: int, system: list[int]):
         self.client, self.history, self.turns = client, list(system), questions(cfg, client)
 
-    def step(self, send: Send, cfg: WorkloadConfig, rnd: int) -> RequestRecord:
+    def step(self, send: Send, cfg: WorkloadConfig, rnd: int) -> list[RequestRecord]:
         prompt = self.history + self.turns[rnd]
-        result = send(prompt, cfg.max_new_tokens)
+        records = []
+        for _ in range(MAX_ATTEMPTS):
+            result = send(prompt, cfg.max_new_tokens)
+            records.append(RequestRecord(self.client, rnd, result))
+            if not result.rejected:
+                break
+            time.sleep(min(result.retry_after_s or 1, MAX_RETRY_WAIT_S))
         self.history = prompt + result.output_ids
-        return RequestRecord(self.client, rnd, result)
+        return records
 
 
 def run_workload(cfg: WorkloadConfig, send: Send, on_done: Callable[[RequestRecord], None] = lambda r: None,
@@ -90,10 +100,11 @@ def run_workload(cfg: WorkloadConfig, send: Send, on_done: Callable[[RequestReco
     def step(conv, rnd):
         if time.monotonic() > stop_at:
             raise TimeoutError(f"workload exceeded its {deadline_s} s bound")
-        rec = conv.step(send, cfg, rnd)
+        recs = conv.step(send, cfg, rnd)
         with lock:
-            records.append(rec)
-        on_done(rec)
+            records.extend(recs)
+        for rec in recs:
+            on_done(rec)
 
     with cf.ThreadPoolExecutor(cfg.concurrency) as pool:
         if cfg.round_barrier:

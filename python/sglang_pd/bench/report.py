@@ -34,8 +34,9 @@ def summarize(records: list[RequestRecord], duration_s: float, transfer: dict) -
             "hit_rate": (sum(int(r.meta_info.get("decode_prefix_len", 0) or 0) for r in rs)
                          / max(1, sum(r.prompt_len for r in rs))),
         }
+    rejected = sum(bool(r.result.rejected) for r in records)
     return {
-        "requests": len(records), "failed": len(records) - len(ok),
+        "requests": len(records), "failed": len(records) - len(ok) - rejected,
         "ttft_p50_s": percentile(ttft, 50), "ttft_p90_s": percentile(ttft, 90), "ttft_p99_s": percentile(ttft, 99),
         "itl_mean_ms": 1000 * statistics.fmean(itl) if itl else 0.0, "itl_p50_ms": 1000 * percentile(itl, 50),
         "itl_p90_ms": 1000 * percentile(itl, 90),
@@ -60,6 +61,12 @@ ROWS = [
     ("kv_bytes_transferred", "KV bytes transferred", "{:.0f}", "down"),
     ("failed", "failed requests", "{:.0f}", None),
 ]
+# Shown when the run was scored against SLO targets (bench/slo.py).
+SLO_ROWS = [
+    ("rejected", "rejected requests (503, retried)", "{:.0f}", None),
+    ("slo_attainment", "SLO attainment", "{:.3f}", "up"),
+    ("goodput", "goodput (req/s meeting SLO)", "{:.2f}", "up"),
+]
 
 
 def _ratio(off: float, on: float, direction: str | None) -> str:
@@ -75,7 +82,8 @@ def format_table(results: dict[str, dict]) -> str:
     both = "off" in results and "on" in results
     head = "| metric | " + " | ".join(names) + (" | gain (ON vs OFF) |" if both else " |")
     lines = [head, "|" + "---|" * (len(names) + 1 + int(both))]
-    for key, label, fmt, direction in ROWS:
+    rows = ROWS + (SLO_ROWS if all("slo_attainment" in r for r in results.values()) else [])
+    for key, label, fmt, direction in rows:
         cells = [fmt.format(results[n][key]) for n in names]
         gain = [_ratio(results["off"][key], results["on"][key], direction)] if both else []
         lines.append(f"| {label} | " + " | ".join(cells + gain) + " |")

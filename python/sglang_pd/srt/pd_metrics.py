@@ -27,6 +27,12 @@ METRICS: dict[str, tuple[str, str]] = {
     "admission_round_evictions_total": ("counter", "tree evictions done once per decode admission round"),
     "integrity_failures_total": ("counter", "check_integrity() runs that found a violated invariant"),
     "tree_locks_outstanding": ("gauge", "radix-tree locks taken and not yet released (lock ledger)"),
+    # SLO-aware decode admission (srt/disaggregation/slo_controller.py)
+    "decode_step_seconds_measured": ("gauge", "decode step time, launch to launch (EWMA of measured steps)"),
+    "decode_step_seconds_predicted": ("gauge", "step time the learned model predicts for the batch just admitted"),
+    "decode_admission_cap": ("gauge", "running requests the ITL target allows at the current mean length"),
+    "decode_ttft_seconds_predicted": ("gauge", "predicted time to first token of the latest new request"),
+    "early_rejected_requests_total": ("counter", "requests refused at the door for a predicted TTFT over target"),
 }
 
 

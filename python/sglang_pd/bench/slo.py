@@ -1,0 +1,125 @@
+"""SLO side of the multi-turn benchmark: configurations to compare, SLO attainment, goodput, plots.
+
+A configuration name is `off` or `on` (decode radix cache) optionally followed by `+itl` (decode
+admission under SGLANG_PD_ITL_TARGET_MS) and `+reject` (early rejection under
+SGLANG_PD_TTFT_TARGET_MS), e.g. `off,on,on+itl,on+itl+reject`. A request meets the SLO when it
+completed, its TTFT <= the TTFT target and its mean inter-token gap (TPOT) <= the ITL target; a
+refused request (503) never does. Goodput = requests meeting the SLO per second of the run.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from sglang_pd.srt.disaggregation.slo_controller import ITL_ENV, TTFT_ENV
+
+_FEATURES = ("itl", "reject")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    """One server configuration of a benchmark run."""
+
+    name: str
+    decode_radix: bool
+    env: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True)
+class SloTargets:
+    """What a request must meet (seconds); None = not scored on it."""
+
+    ttft_s: float | None
+    itl_s: float | None
+
+    def describe(self) -> str:
+        """E.g. 'TTFT <= 3000 ms and ITL <= 40 ms'."""
+        parts = [f"{label} <= {value * 1000:.0f} ms" for label, value in (("TTFT", self.ttft_s), ("ITL", self.itl_s))
+                 if value is not None]
+        return " and ".join(parts) or "no SLO"
+
+
+def parse_configs(text: str, itl_target_ms: float | None, ttft_target_ms: float | None) -> list[BenchConfig]:
+    """Configurations from `off,on,on+itl,...`; raises ValueError naming what is wrong or missing."""
+    configs = []
+    for name in [n.strip() for n in text.split(",") if n.strip()]:
+        base, *features = name.split("+")
+        if base not in ("off", "on") or any(f not in _FEATURES for f in features):
+            raise ValueError(f"unknown configuration {name!r}: use off|on, then optional +itl, +reject")
+        env = []
+        if "itl" in features:
+            if itl_target_ms is None:
+                raise ValueError(f"configuration {name!r} needs --itl-target-ms")
+            env.append((ITL_ENV, f"{itl_target_ms:g}"))
+        if "reject" in features:
+            if ttft_target_ms is None:
+                raise ValueError(f"configuration {name!r} needs --ttft-target-ms")
+            env.append((TTFT_ENV, f"{ttft_target_ms:g}"))
+        configs.append(BenchConfig(name, base == "on", tuple(env)))
+    if not configs:
+        raise ValueError("no configuration given")
+    return configs
+
+
+def meets_slo(result, targets: SloTargets) -> bool:
+    """True when a StreamResult completed within both targets."""
+    if not result.ok:
+        return False
+    if targets.ttft_s is not None and result.ttft_s > targets.ttft_s:
+        return False
+    tpot = statistics.fmean(result.itl_s) if result.itl_s else 0.0
+    return targets.itl_s is None or tpot <= targets.itl_s
+
+
+def slo_figures(results: list, duration_s: float, targets: SloTargets) -> dict:
+    """SLO attainment (share of all requests, refused ones included) and goodput (req/s)."""
+    met = sum(meets_slo(r, targets) for r in results)
+    return {"slo_attainment": met / len(results) if results else 0.0,
+            "goodput": met / duration_s if duration_s else 0.0,
+            "rejected": sum(bool(r.rejected) for r in results), "slo": targets.describe()}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_slo(results: dict[str, dict], path: str) -> None:
+    """PNG: SLO attainment and goodput per configuration."""
+    plt = _pyplot()
+    names = list(results)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
+    ax1.bar(names, [results[n]["slo_attainment"] for n in names])
+    ax2.bar(names, [results[n]["goodput"] for n in names])
+    slo = next(iter(results.values()))["slo"] if results else ""
+    ax1.set(title=f"SLO attainment ({slo})", ylabel="share of requests", ylim=(0, 1))
+    ax2.set(title="goodput", ylabel="requests meeting the SLO per s")
+    for ax in (ax1, ax2):
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_pareto(points: list[tuple[str, float, float]], path: str) -> None:
+    """PNG: TTFT p50 vs ITL p50, one labelled point per (label, ttft_p50_s, itl_p50_ms)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4.5))
+    tuned = [(lbl, t, i) for lbl, t, i in points if lbl.startswith("itl")]
+    if tuned:
+        ax.plot([i for _, _, i in tuned], [t for _, t, _ in tuned], "o-", label="radix ON + ITL target")
+    for label, ttft, itl in points:
+        ax.annotate(label, (itl, ttft), textcoords="offset points", xytext=(5, 5), fontsize=8)
+        if not label.startswith("itl"):
+            ax.plot([itl], [ttft], "s", label=label)
+    ax.set(title="TTFT p50 vs ITL p50 (lower-left is better)", xlabel="ITL p50 (ms)", ylabel="TTFT p50 (s)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
