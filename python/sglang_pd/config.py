@@ -23,22 +23,19 @@ class Setting:
     check: Callable[[str], str | None]  # returns a problem or None
 
 
-def _positive_seconds(value: str) -> str | None:
-    try:
-        return None if float(value) > 0 else "must be > 0 seconds"
-    except ValueError:
-        return "is not a number of seconds"
+def _positive(unit: str) -> Callable[[str], str | None]:
+    """A check that the value is a number > 0, its messages naming `unit`."""
+    def check(value: str) -> str | None:
+        try:
+            return None if float(value) > 0 else f"must be > 0 {unit}"
+        except ValueError:
+            return f"is not a number of {unit}"
+
+    return check
 
 
 def _flag(value: str) -> str | None:
     return None if value in ("0", "1") else "must be 0 or 1"
-
-
-def _positive_ms(value: str) -> str | None:
-    try:
-        return None if float(value) > 0 else "must be > 0 milliseconds"
-    except ValueError:
-        return "is not a number of milliseconds"
 
 
 def _path(value: str) -> str | None:
@@ -48,7 +45,7 @@ def _path(value: str) -> str | None:
 SETTINGS: tuple[Setting, ...] = (
     Setting(f"{PREFIX}NIXL_STALL_TIMEOUT_S", "60",
             "seconds after which an unfinished NIXL transfer is failed (its lock and pages released)",
-            _positive_seconds),
+            _positive("seconds")),
     Setting(f"{PREFIX}ENABLE_FAULT_INJECTION", "0",
             "1 mounts POST /sglang_pd/faults and accepts test faults; never set it in production", _flag),
     Setting(f"{PREFIX}RADIX_RESUME", "1",
@@ -62,10 +59,10 @@ SETTINGS: tuple[Setting, ...] = (
     # SLO-aware decode admission (srt/disaggregation/slo_controller.py); unset = upstream behaviour.
     Setting(f"{PREFIX}ITL_TARGET_MS", None,
             "decode: target inter-token latency (ms); waiting requests join the running batch only while "
-            "the learned step time stays within it (an empty batch always takes one)", _positive_ms),
+            "the learned step time stays within it (an empty batch always takes one)", _positive("milliseconds")),
     Setting(f"{PREFIX}TTFT_TARGET_MS", None,
             "decode: refuse a new request at once (HTTP 503 + Retry-After) when its predicted time to "
-            "first token exceeds this many ms", _positive_ms),
+            "first token exceeds this many ms", _positive("milliseconds")),
 )
 
 
