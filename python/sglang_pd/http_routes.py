@@ -7,7 +7,7 @@ GET /sglang_pd/stats -> the scheduler-side state (prefill transfer log, ...).
 from __future__ import annotations
 
 import sglang_pd
-from sglang_pd.process_state import STATE
+from sglang_pd.process_state import STATE, mode_name
 from sglang_pd.srt.fault_injection import KEY_PREFIX
 from sglang_pd.srt.fault_injection import enabled as fault_injection_enabled
 from sglang_pd.srt.disaggregation.slo_http import mount_retry_after
@@ -32,8 +32,7 @@ def _server_args():
 
 
 def _role() -> str:
-    mode = _server_args().disaggregation_mode
-    return str(getattr(mode, "value", mode))
+    return mode_name(_server_args().disaggregation_mode)
 
 
 async def info() -> dict:

@@ -40,6 +40,11 @@ _ENTRY_FUNCTIONS = {
 }
 
 
+def mode_name(mode) -> str:
+    """SGLang's mode/backend value as a plain string ("decode", "nixl", ...): enums carry it in `.value`."""
+    return str(getattr(mode, "value", mode))
+
+
 def detect_process_kind() -> ProcessKind:
     """Classify the current process from the call stack of load_plugins()."""
     for frame in inspect.stack(0):

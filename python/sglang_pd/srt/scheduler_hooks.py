@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from sglang_pd.process_state import STATE
+from sglang_pd.process_state import STATE, mode_name
 from sglang_pd.srt.mem_cache.tree_integrity import check_integrity
 
 INTERNAL_STATE_KEY = "sglang_pd"
@@ -61,8 +61,8 @@ def after_init_disaggregation(result, scheduler):
     """Label this scheduler's metrics with its role and backend; export them if metrics are on."""
     from sglang.srt.runtime_context import get_observability
 
-    role = str(getattr(scheduler.disaggregation_mode, "value", scheduler.disaggregation_mode))
-    backend = str(getattr(scheduler.transfer_backend, "value", scheduler.transfer_backend))
+    role = mode_name(scheduler.disaggregation_mode)
+    backend = mode_name(scheduler.transfer_backend)
     try:
         if get_observability().enable_metrics:
             STATE.counters.bind(role, backend)

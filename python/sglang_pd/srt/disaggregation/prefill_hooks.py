@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 
-from sglang_pd.process_state import STATE
+from sglang_pd.process_state import STATE, mode_name
 from sglang_pd.srt.disaggregation.prefill_guard import validate_decode_prefix_len
 from sglang_pd.srt.disaggregation.transfer_info_guard import MOONCAKE, NIXL, check_frames
 from sglang_pd.srt.mem_cache.common import bytes_per_page
@@ -56,7 +56,7 @@ def after_prepare_send_indices(result, sender, kv_indices, state_indices=None):
 def _guard_bootstrap_message(original, mgr, msg, layout):
     if original(mgr, msg):
         return True  # an abort notification, handled by SGLang
-    if str(getattr(mgr.disaggregation_mode, "value", mgr.disaggregation_mode)) != "prefill":
+    if mode_name(mgr.disaggregation_mode) != "prefill":
         return False
     verdict = check_frames(msg, layout)
     if verdict.reason is None:

@@ -10,15 +10,14 @@ import logging
 import time
 from http import HTTPStatus
 
-from sglang_pd.process_state import STATE
+from sglang_pd.process_state import STATE, mode_name
 from sglang_pd.srt.mem_cache.common import RequestKind, request_kind
 
 logger = logging.getLogger(__name__)
 
 
 def _is_decode(scheduler) -> bool:
-    mode = scheduler.disaggregation_mode
-    return str(getattr(mode, "value", mode)) == "decode"
+    return mode_name(scheduler.disaggregation_mode) == "decode"
 
 
 def _kv_len(req) -> int:
