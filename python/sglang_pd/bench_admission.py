@@ -39,6 +39,7 @@ from sglang_pd.srt.disaggregation.admission_round import AdmissionRound, PoolSiz
 from sglang_pd.srt.disaggregation.decode_admission import DecodePrefixAdmission
 from sglang_pd.srt.mem_cache.common import RequestKind, kv_to_page_num
 from sglang_pd.srt.mem_cache.lock_ledger import LockLedger
+from sglang_pd.srt.mem_cache.standalone import paged_tree
 
 
 @dataclass(frozen=True)
@@ -56,20 +57,8 @@ class World:
     """A full pool, its tree, and a round of requests; built fresh (untimed) for every round."""
 
     def __init__(self, args, tree_kind: str):
-        import torch
-        from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
-        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-        from sglang.srt.mem_cache.radix_cache import RadixCache
-        from sglang.srt.mem_cache.unified_cache.components import ComponentType
-        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
-
         self.page_size = args.page_size
-        self.allocator = PagedTokenToKVPoolAllocator(size=args.pool_tokens, page_size=args.page_size,
-                                                     dtype=torch.float32, device="cpu", kvcache=None,
-                                                     need_sort=False)
-        params = CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.allocator,
-                                 page_size=args.page_size, tree_components=(ComponentType.FULL,))
-        self.tree = RadixCache(params) if tree_kind == "radix" else UnifiedRadixCache(params)
+        self.allocator, self.tree = paged_tree(tree_kind, args.pool_tokens, args.page_size)
         systems = [[1_000_000 + s * 10_000 + t for t in range(args.system_len)] for s in range(args.num_systems)]
         reserved = args.num_systems * args.system_len
         num_fillers = 0
@@ -151,14 +140,15 @@ def measure(args, tree_kind: str) -> dict:
     rows: dict[str, list[RoundResult]] = {"per-request": [], "batched": []}
     for _ in range(args.repeats):
         for name, fn in (("per-request", run_per_request), ("batched", run_batched)):
-            rows[name].append(fn(World(args, tree_kind)))
+            world = World(args, tree_kind)
+            rows[name].append(fn(world))
     out = {}
     for name, results in rows.items():
         last = results[-1]
         out[name] = dict(asdict(last), seconds=statistics.median(r.seconds for r in results),
                          hit_rate=last.num_hit_tokens / last.num_prompt_tokens)
     out["speedup"] = out["per-request"]["seconds"] / out["batched"]["seconds"]
-    out["num_fillers"] = World(args, tree_kind).num_fillers
+    out["num_fillers"] = world.num_fillers  # the same for every world of this workload
     return out
 
 
@@ -175,6 +165,8 @@ def main(argv=None) -> int:
     p.add_argument("--repeats", type=int, default=7)
     p.add_argument("--json", help="also write the results here")
     args = p.parse_args(argv)
+    if args.repeats < 1:
+        p.error(f"--repeats must be >= 1, got {args.repeats}")
     results = {tree: measure(args, tree) for tree in args.trees.split(",")}
     print(f"round of {args.round_size} requests, page {args.page_size}, pool {args.pool_tokens} tokens, "
           f"median of {args.repeats}")

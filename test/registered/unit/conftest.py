@@ -3,12 +3,12 @@
 from array import array
 
 import pytest
-import torch
 
 from sglang_pd.hooks import HOOK_TABLE
 from sglang_pd.process_state import STATE
 from sglang_pd.srt.disaggregation.decode_admission import DecodePrefixAdmission
 from sglang_pd.srt.mem_cache.lock_ledger import LockLedger
+from sglang_pd.srt.mem_cache.standalone import paged_tree
 from sglang_pd.srt.mem_cache.tree_integrity import check_integrity
 
 POOL_TOKENS = 64  # 16 pages of 4, or 64 pages of 1
@@ -38,19 +38,8 @@ class Pool:
     UnifiedRadixCache (the servers' default, Rust tree core)."""
 
     def __init__(self, tree_kind: str, page_size: int):
-        from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
-        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
-        from sglang.srt.mem_cache.radix_cache import RadixCache
-        from sglang.srt.mem_cache.unified_cache.components import ComponentType
-        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
-
         self.page_size = page_size
-        self.allocator = PagedTokenToKVPoolAllocator(size=POOL_TOKENS, page_size=page_size,
-                                                     dtype=torch.float32, device="cpu", kvcache=None,
-                                                     need_sort=False)
-        params = CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=self.allocator,
-                                 page_size=page_size, tree_components=(ComponentType.FULL,))
-        self.tree = RadixCache(params) if tree_kind == "radix" else UnifiedRadixCache(params)
+        self.allocator, self.tree = paged_tree(tree_kind, POOL_TOKENS, page_size)
 
     @staticmethod
     def key(token_ids):

@@ -21,3 +21,12 @@ def test_small_round_batched_evicts_once_and_keeps_hit_rate(tmp_path, capsys):
         assert per["num_evicted_tokens"] == batched["num_evicted_tokens"] == 8 * 64
         assert per["hit_rate"] == batched["hit_rate"] == pytest.approx(128 / 192)
     assert "| radix |" in capsys.readouterr().out
+
+
+def test_bad_input_is_named():
+    from sglang_pd.srt.mem_cache.standalone import paged_tree
+
+    with pytest.raises(ValueError, match="tree kind 'btree' is not one of"):
+        paged_tree("btree", 64, 4)
+    with pytest.raises(SystemExit):
+        bench_admission.main(["--repeats", "0"])

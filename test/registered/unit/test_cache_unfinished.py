@@ -3,10 +3,10 @@
 from array import array
 
 import pytest
-import torch
 
 from conftest import POOL_TOKENS, make_req
 from sglang_pd.srt.mem_cache.common import is_tree_exempt, maybe_cache_unfinished_req
+from sglang_pd.srt.mem_cache.standalone import paged_tree
 from sglang_pd.srt.mem_cache.tree_integrity import check_integrity
 
 pytestmark = pytest.mark.unit
@@ -14,19 +14,10 @@ pytestmark = pytest.mark.unit
 
 @pytest.fixture(params=["radix", "unified"])
 def stack(request):
-    from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
-    from sglang.srt.mem_cache.cache_init_params import CacheInitParams
     from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
-    from sglang.srt.mem_cache.radix_cache import RadixCache
-    from sglang.srt.mem_cache.unified_cache.components import ComponentType
-    from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
     rows = ReqToTokenPool(size=4, max_context_len=POOL_TOKENS, device="cpu", enable_memory_saver=False)
-    alloc = PagedTokenToKVPoolAllocator(size=POOL_TOKENS, page_size=1, dtype=torch.float32, device="cpu",
-                                        kvcache=None, need_sort=False)
-    params = CacheInitParams(disable=False, req_to_token_pool=rows, token_to_kv_pool_allocator=alloc,
-                             page_size=1, tree_components=(ComponentType.FULL,))
-    tree = RadixCache(params) if request.param == "radix" else UnifiedRadixCache(params)
+    alloc, tree = paged_tree(request.param, POOL_TOKENS, 1, req_to_token_pool=rows)
     return rows, alloc, tree
 
 

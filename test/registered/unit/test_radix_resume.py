@@ -13,6 +13,7 @@ import torch
 from conftest import make_req
 from sglang_pd.process_state import STATE
 from sglang_pd.srt.disaggregation.radix_resume import RadixResume, ResumeError, slice_cpu_backup
+from sglang_pd.srt.mem_cache.standalone import paged_tree
 from sglang_pd.srt.mem_cache.tree_integrity import check_integrity
 
 pytestmark = pytest.mark.unit
@@ -24,23 +25,15 @@ class KVWorld:
     """Real SGLang KV objects on CPU: KV pool with values, paged allocator, request rows, tree."""
 
     def __init__(self, tree_kind: str, page_size: int):
-        from sglang.srt.mem_cache.allocator.paged import PagedTokenToKVPoolAllocator
-        from sglang.srt.mem_cache.cache_init_params import CacheInitParams
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-        from sglang.srt.mem_cache.radix_cache import RadixCache
-        from sglang.srt.mem_cache.unified_cache.components import ComponentType
-        from sglang.srt.mem_cache.unified_radix_cache import UnifiedRadixCache
 
         self.page_size = page_size
         self.kv = MHATokenToKVPool(size=POOL, page_size=page_size, dtype=torch.float32, head_num=2, head_dim=4,
                                    layer_num=2, device="cpu", enable_memory_saver=False)
         self.kv.cpu_offloading_chunk_size = 5  # several chunks per backup, one of them ragged
-        self.allocator = PagedTokenToKVPoolAllocator(size=POOL, page_size=page_size, dtype=torch.float32,
-                                                     device="cpu", kvcache=self.kv, need_sort=False)
         self.rows = ReqToTokenPool(size=4, max_context_len=POOL, device="cpu", enable_memory_saver=False)
-        params = CacheInitParams(disable=False, req_to_token_pool=self.rows, token_to_kv_pool_allocator=self.allocator,
-                                 page_size=page_size, tree_components=(ComponentType.FULL,))
-        self.tree = RadixCache(params) if tree_kind == "radix" else UnifiedRadixCache(params)
+        self.allocator, self.tree = paged_tree(tree_kind, POOL, page_size, kvcache=self.kv,
+                                               req_to_token_pool=self.rows)
 
     def token_value(self, token: int, position: int) -> float:
         return float(token * 1000 + position)  # stands for "the KV this token has at this position"
