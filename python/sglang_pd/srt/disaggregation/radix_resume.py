@@ -32,8 +32,7 @@ class ResumePlan:
 
     rid: str
     fill_len: int       # KV tokens the request owns at resume (== tokens in its backup)
-    matched_len: int    # tokens the tree matched on device
-    prefix_len: int     # page-aligned tokens reused from the tree (locked for the request)
+    prefix_len: int     # page-aligned tokens reused from the tree (locked; == the tree's whole match)
 
     @property
     def num_restored_tokens(self) -> int:
@@ -96,7 +95,7 @@ class RadixResume:
         if prefix_len > 0:
             with owner_scope(str(req.rid), num_tokens=prefix_len):
                 req.lock = tree_cache.lock(result.last_device_node)
-        plan = ResumePlan(str(req.rid), fill_len, matched, prefix_len)
+        plan = ResumePlan(str(req.rid), fill_len, prefix_len)
         self._pending[plan.rid] = plan
         return plan
 
