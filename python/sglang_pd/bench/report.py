@@ -90,13 +90,19 @@ def format_table(results: dict[str, dict]) -> str:
     return "\n".join(lines)
 
 
-def plot(results: dict[str, dict], path: str) -> None:
-    """PNG: per-round TTFT p50 and decode hit rate for each configuration."""
+def pyplot():
+    """matplotlib.pyplot on the file-only Agg backend (benchmarks run headless)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    return plt
+
+
+def plot(results: dict[str, dict], path: str) -> None:
+    """PNG: per-round TTFT p50 and decode hit rate for each configuration."""
+    plt = pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     for name, res in results.items():
         rounds = sorted(int(r) for r in res["per_round"])

@@ -12,6 +12,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
+from sglang_pd.bench.report import pyplot
 from sglang_pd.srt.disaggregation.slo_controller import ITL_ENV, TTFT_ENV
 
 _FEATURES = ("itl", "reject")
@@ -80,18 +81,9 @@ def slo_figures(results: list, duration_s: float, targets: SloTargets) -> dict:
             "rejected": sum(bool(r.rejected) for r in results), "slo": targets.describe()}
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def plot_slo(results: dict[str, dict], path: str) -> None:
     """PNG: SLO attainment and goodput per configuration."""
-    plt = _pyplot()
+    plt = pyplot()
     names = list(results)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 4))
     ax1.bar(names, [results[n]["slo_attainment"] for n in names])
@@ -108,7 +100,7 @@ def plot_slo(results: dict[str, dict], path: str) -> None:
 
 def plot_pareto(points: list[tuple[str, float, float]], path: str) -> None:
     """PNG: TTFT p50 vs ITL p50, one labelled point per (label, ttft_p50_s, itl_p50_ms)."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(6, 4.5))
     tuned = [(lbl, t, i) for lbl, t, i in points if lbl.startswith("itl")]
     if tuned:
