@@ -137,12 +137,12 @@ def machine() -> str:
     return f"{platform.machine()} {os.cpu_count()} cores, {mem_gib:.0f} GiB, no GPU, Python {platform.python_version()}"
 
 
-def _pareto_points(args, results: dict) -> dict[str, dict]:
-    """Run one on+itl configuration per Pareto target (reusing a matching main run)."""
+def _pareto_points(args, cfg: WorkloadConfig, results: dict) -> dict[str, dict]:
+    """Run one on+itl configuration per Pareto target (reusing the main run of the same configuration)."""
     points = {}
     for target, config in zip(args.pareto, args.pareto_configs):
-        same = next((name for name, c in ((c.name, c) for c in args.configs) if c.env == config.env), None)
-        points[f"itl {target:g} ms"] = results[same] if same else run_config(config, args, workload_config(args))[0]
+        points[f"itl {target:g} ms"] = (results[config.name] if config in args.configs
+                                        else run_config(config, args, cfg)[0])
     return points
 
 
@@ -163,7 +163,7 @@ def main(argv=None) -> int:
     else:
         for config in args.configs:
             results[config.name], outputs[config.name] = run_config(config, args, cfg)
-    pareto = _pareto_points(args, results) if args.pareto and not args.prefill_url else {}
+    pareto = _pareto_points(args, cfg, results) if args.pareto and not args.prefill_url else {}
     same = None
     if "off" in outputs and "on" in outputs:
         same = sum(outputs["off"][k] == outputs["on"].get(k) for k in outputs["off"])
