@@ -156,6 +156,9 @@ def test_controller_refuses_without_remembering_and_counts():
     # Nothing learnt for PROBE_INTERVAL_S (everyone refused): the next one goes through as a probe.
     probe = ctl.on_entry("probe", 21.5 + PROBE_INTERVAL_S, 9, 32)
     assert not probe.reject and ctl.num_probes == 1 and ctl.ttft.num_pending == 1
+    # The rest of a burst arriving before the probe is admitted is refused: one probe per interval.
+    assert all(ctl.on_entry(f"burst{i}", 22.0 + PROBE_INTERVAL_S, 9, 32).reject for i in range(5))
+    assert ctl.num_probes == 1
 
 
 def test_a_refusing_predictor_relearns_from_probes():

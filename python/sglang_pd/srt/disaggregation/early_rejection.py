@@ -51,10 +51,17 @@ class TtftPredictor:
         self._max_pending = max_pending
         self.last_predicted_s: float | None = None
         self.last_learnt_s: float | None = None
+        self.last_probe_s: float | None = None
 
-    def needs_probe(self, now_s: float) -> bool:
-        """True when nothing was learnt for PROBE_INTERVAL_S: let the next request through (read-only)."""
-        return self.last_learnt_s is None or now_s - self.last_learnt_s >= PROBE_INTERVAL_S
+    def take_probe(self, now_s: float) -> bool:
+        """True (and the probe is spent) when neither a lesson nor a probe happened for PROBE_INTERVAL_S:
+        let this one request through. A burst that arrives before the probe is admitted is not all
+        let through: one probe per interval (mutates)."""
+        last = max((t for t in (self.last_learnt_s, self.last_probe_s) if t is not None), default=None)
+        if last is not None and now_s - last < PROBE_INTERVAL_S:
+            return False
+        self.last_probe_s = now_s
+        return True
 
     @staticmethod
     def features(num_ahead: int, num_uncached_tokens: int) -> tuple[float, float]:

@@ -83,7 +83,7 @@ class SloController:
         if self.ttft_target_s is None:
             return decide_rejection(None, 0.0)
         decision = decide_rejection(predicted, self.ttft_target_s)
-        if decision.reject and self.ttft.needs_probe(now_s):
+        if decision.reject and self.ttft.take_probe(now_s):
             self.num_probes += 1  # refused ones teach nothing: let this one through to keep learning
             decision = decide_rejection(None, self.ttft_target_s)
         if decision.reject:
