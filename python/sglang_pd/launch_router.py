@@ -14,6 +14,13 @@ hashing cannot rebalance when load is uneven. Requests without the header are pl
 Preflight (fails with one clear line naming the worker): every worker answers /health; every worker
 runs the sglang_pd plugin; --prefill URLs are prefill servers and --decode URLs decode servers; all
 agree on model, page size and transfer backend.
+
+Readiness: the router answers /readiness once one prefill and one decode server are healthy, while it
+may still be registering the others, and a conversation pinned in that window stays on the first
+decode server for good. A watcher (a short-lived child; the router keeps this process's PID) polls the
+router's /workers and prints `launch_router: ready: ...` once every given worker is registered and
+healthy, or a warning naming the missing ones after --ready-timeout. Send traffic after that line
+(scripts: `wait_registered()`).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import time
 from dataclasses import dataclass
 
 import requests
@@ -34,6 +42,10 @@ POLICIES = {
 
 class PreflightError(RuntimeError):
     """The deployment cannot be routed as asked; the message names the worker and the problem."""
+
+
+class RouterNotReady(RuntimeError):
+    """The router has not registered every given worker as healthy in time; the message names them."""
 
 
 @dataclass(frozen=True)
@@ -76,6 +88,43 @@ def preflight(prefills: list[str], decodes: list[str]) -> list[Worker]:
     return workers
 
 
+def unregistered(router_url: str, expected: list[str], timeout: float = 5) -> list[str]:
+    """The `expected` worker URLs the router does not list as healthy on GET /workers (empty: all in)."""
+    resp = requests.get(router_url + "/workers", timeout=timeout)
+    resp.raise_for_status()
+    healthy = {w["url"].rstrip("/") for w in resp.json().get("workers", []) if w.get("is_healthy")}
+    return [u for u in expected if u.rstrip("/") not in healthy]
+
+
+def wait_registered(router_url: str, expected: list[str], timeout_s: float = 300, poll_s: float = 0.5,
+                    keep_going=lambda: True) -> None:
+    """Block until the router lists every `expected` worker as healthy; RouterNotReady names the missing
+    ones after `timeout_s` (or when `keep_going()` turns false)."""
+    deadline = time.monotonic() + timeout_s
+    missing: list[str] = list(expected)
+    while True:
+        try:
+            missing = unregistered(router_url, expected)
+        except (requests.RequestException, ValueError):
+            pass  # router not listening yet (or mid-start): keep polling
+        if not missing:
+            return
+        if time.monotonic() > deadline or not keep_going():
+            raise RouterNotReady(f"router {router_url} has not registered as healthy: {', '.join(missing)}")
+        time.sleep(poll_s)
+
+
+def _watch_readiness(router_url: str, expected: list[str], timeout_s: float, router_pid: int) -> None:
+    """Child body: report on stdout when the router (our parent, `router_pid`) has every worker."""
+    try:
+        wait_registered(router_url, expected, timeout_s, keep_going=lambda: os.getppid() == router_pid)
+        print(f"launch_router: ready: {router_url} routes to all {len(expected)} workers "
+              f"(registered and healthy)", flush=True)
+    except RouterNotReady as exc:
+        if os.getppid() == router_pid:
+            print(f"launch_router: WARNING: {exc}", file=sys.stderr, flush=True)
+
+
 def router_argv(args: argparse.Namespace) -> list[str]:
     """The sglang-router command line for the checked deployment."""
     argv = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
@@ -102,11 +151,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--router-arg", action="append", default=[], help="extra sglang-router flag (repeatable)")
     p.add_argument("--check-only", action="store_true", help="run the preflight and exit")
+    p.add_argument("--ready-timeout", type=float, default=300.0,
+                   help="seconds the readiness watcher waits for every worker to be registered (default 300)")
     args = p.parse_args(argv)
     try:
         args.prefill = [_prefill_arg(v) for v in args.prefill]
     except argparse.ArgumentTypeError as exc:
         p.error(str(exc))
+    if not args.ready_timeout > 0:
+        p.error(f"--ready-timeout must be > 0 seconds, got {args.ready_timeout}")
     args.decode = [u.rstrip("/") for u in args.decode]
     return args
 
@@ -124,7 +177,18 @@ def main(argv=None) -> int:
     if args.check_only:
         return 0
     argv = router_argv(args)
-    os.execv(argv[0], argv)  # become the router: whoever started us stops it by our PID
+    router_pid = os.getpid()
+    if os.fork() == 0:  # the watcher; the router keeps our PID (whoever started us stops it by that PID)
+        host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
+        code = 0
+        try:
+            _watch_readiness(f"http://{host}:{args.port}", [w.url for w in workers], args.ready_timeout,
+                             router_pid)
+        except BaseException:  # never let the watcher run on into the exec below
+            code = 1
+        finally:
+            os._exit(code)
+    os.execv(argv[0], argv)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import requests
 
 from sglang_pd.harness.cpu_env import cpu_server_args, server_env
 from sglang_pd.harness.server import ServerProcess, ServerStartError, free_port
+from sglang_pd.launch_router import wait_registered
 from sglang_pd.models import DEFAULT_MODEL, ensure_model_dir, is_real_model
 from sglang_pd.srt.fault_injection import ENABLE_ENV as FAULT_ENV
 
@@ -140,7 +141,13 @@ class PDDeployment:
         # /readiness turns 200 only once the router has seen healthy workers (/health is liveness).
         router = ServerProcess("router", argv, self.env, port, self.log_dir, health_path="/readiness")
         router.start()
-        router.wait_healthy(deadline)
+        try:
+            router.wait_healthy(deadline)
+            wait_registered(router.url, [self.prefill.url, *[d.url for d in self.decodes]],
+                            max(1.0, deadline - time.monotonic()))
+        except BaseException:
+            router.stop()
+            raise
         return router
 
     def start_launcher(self, policy: str, timeout_s: float = 120) -> ServerProcess:
@@ -154,8 +161,12 @@ class PDDeployment:
                 *[f"--router-arg={a}" for a in router_metrics_args()]]
         router = ServerProcess(f"launcher-{policy}", argv, self.env, port, self.log_dir, health_path="/readiness")
         router.start()
+        deadline = time.monotonic() + timeout_s
         try:
-            router.wait_healthy(time.monotonic() + timeout_s)
+            router.wait_healthy(deadline)
+            # /readiness turns 200 with one decode registered; wait for all of them (see launch_router).
+            wait_registered(router.url, [self.prefill.url, *[d.url for d in self.decodes]],
+                            max(1.0, deadline - time.monotonic()))
         except BaseException:
             router.stop()
             raise

@@ -57,6 +57,8 @@ def _run(dep: PDDeployment, policy: str, seed_base: int) -> dict:
         with cf.ThreadPoolExecutor(NUM_CONVERSATIONS) as pool:
             results = list(pool.map(lambda i: _conversation(router.url, f"{policy}-conv-{i}", seed_base + i),
                                     range(NUM_CONVERSATIONS)))
+        # The launcher's readiness watcher said every worker was in (the harness waited for the same).
+        assert f"launch_router: ready: {router.url} routes to all 3 workers" in router.log_path.read_text()
     finally:
         router.stop()
     per_decode = [dep.scheduler_state(d)["decode_admission"]["num_requests"] for d in dep.decodes]

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.unit
 
 
 class _Worker:
-    def __init__(self, info: dict | None, health: int = 200):
+    def __init__(self, info: dict | None, health: int = 200, listing=None):
         worker = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -23,6 +23,8 @@ class _Worker:
                     code = worker.health
                 elif self.path == "/sglang_pd/info" and worker.info is not None:
                     body, code = json.dumps(worker.info).encode(), 200
+                elif self.path == "/workers" and worker.listing is not None:  # a router's worker list
+                    body, code = json.dumps({"workers": worker.listing()}).encode(), 200
                 self.send_response(code)
                 self.end_headers()
                 self.wfile.write(body)
@@ -30,7 +32,7 @@ class _Worker:
             def log_message(self, *args):
                 pass
 
-        self.info, self.health = info, health
+        self.info, self.health, self.listing = info, health, listing
         self.server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -95,3 +97,51 @@ def test_bad_prefill_argument_is_refused(capsys):
     with pytest.raises(SystemExit):
         lr.parse_args(["--prefill", "http://p:1", "port", "--decode", "http://d:2"])
     assert "--prefill takes URL [BOOTSTRAP_PORT]" in capsys.readouterr().err
+
+
+def _listed(url: str, healthy: bool = True) -> dict:
+    return {"url": url, "is_healthy": healthy, "worker_type": "decode", "load": 0}
+
+
+def test_unregistered_names_workers_missing_or_unhealthy(workers):
+    router = workers(None, listing=lambda: [_listed("http://d1:2/"), _listed("http://d2:3", healthy=False)])
+    assert lr.unregistered(router.url, ["http://p:1", "http://d1:2", "http://d2:3"]) == ["http://p:1", "http://d2:3"]
+    assert lr.unregistered(router.url, ["http://d1:2"]) == []
+
+
+def test_wait_registered_waits_for_the_late_worker_then_returns(workers):
+    """The router lists the second decode server only from the 3rd poll on (as sglang-router does when
+    it answers /readiness before registering every worker)."""
+    polls = []
+
+    def listing():
+        polls.append(1)
+        return [_listed("http://d1:2")] + ([_listed("http://d2:3")] if len(polls) >= 3 else [])
+
+    router = workers(None, listing=listing)
+    lr.wait_registered(router.url, ["http://d1:2", "http://d2:3"], timeout_s=30, poll_s=0.01)
+    assert len(polls) == 3
+
+
+def test_wait_registered_times_out_naming_the_missing_worker(workers):
+    router = workers(None, listing=lambda: [_listed("http://d1:2")])
+    with pytest.raises(lr.RouterNotReady, match=r"has not registered as healthy: http://d2:3$"):
+        lr.wait_registered(router.url, ["http://d1:2", "http://d2:3"], timeout_s=0.1, poll_s=0.01)
+    with pytest.raises(lr.RouterNotReady, match="http://d1:2, http://d2:3"):  # router not even listening
+        lr.wait_registered("http://127.0.0.1:9", ["http://d1:2", "http://d2:3"], timeout_s=0.1, poll_s=0.01)
+
+
+def test_watcher_prints_ready_or_warns(workers, capsys):
+    pid = __import__("os").getppid()  # the watcher compares its parent's PID with the router's
+    full = workers(None, listing=lambda: [_listed("http://d1:2")])
+    lr._watch_readiness(full.url, ["http://d1:2"], timeout_s=5, router_pid=pid)
+    assert f"launch_router: ready: {full.url} routes to all 1 workers" in capsys.readouterr().out
+    lr._watch_readiness(full.url, ["http://d1:2", "http://d9:9"], timeout_s=0.1, router_pid=pid)
+    err = capsys.readouterr().err
+    assert "launch_router: WARNING: router" in err and err.rstrip().endswith("http://d9:9")
+
+
+def test_bad_ready_timeout_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        lr.parse_args(["--prefill", "http://p:1", "--decode", "http://d:2", "--ready-timeout", "0"])
+    assert "--ready-timeout must be > 0 seconds, got 0.0" in capsys.readouterr().err
