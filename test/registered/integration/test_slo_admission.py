@@ -38,7 +38,7 @@ def _slo(pd: PDDeployment) -> dict:
 
 def test_measured_itl_stays_within_target(pd: PDDeployment):
     info = pd.get_json(pd.decodes[0].url, "/sglang_pd/info")
-    assert any("_get_new_prebuilt_batch" in h for h in info["scheduler_hooks"][0])  # this worktree's code runs
+    assert any("_get_new_prebuilt_batch" in h for h in info["scheduler_hooks"][0])  # ITL admission is hooked
     send = lambda ids, n: pd_stream(pd.prefill.url, pd.decodes[0].url, pd.bootstrap_port, ids, n)  # noqa: E731
     assert send(system_prompt(WORKLOAD), 1).ok
     records = run_workload(WORKLOAD, send)
