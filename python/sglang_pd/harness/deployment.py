@@ -138,17 +138,8 @@ class PDDeployment:
                 *[a for d in self.decodes for a in ("--decode", d.url)],
                 "--log-level", "warn", "--health-check-interval-secs", "2", *router_metrics_args(),
                 *self.config.router_args]
-        # /readiness turns 200 only once the router has seen healthy workers (/health is liveness).
-        router = ServerProcess("router", argv, self.env, port, self.log_dir, health_path="/readiness")
-        router.start()
-        try:
-            router.wait_healthy(deadline)
-            wait_registered(router.url, [self.prefill.url, *[d.url for d in self.decodes]],
-                            max(1.0, deadline - time.monotonic()))
-        except BaseException:
-            router.stop()
-            raise
-        return router
+        return self._start_routing(ServerProcess("router", argv, self.env, port, self.log_dir,
+                                                 health_path="/readiness"), deadline)
 
     def start_launcher(self, policy: str, timeout_s: float = 120) -> ServerProcess:
         """Start `python -m sglang_pd.launch_router` over this deployment (caller stops it)."""
@@ -160,11 +151,16 @@ class PDDeployment:
                 "--router-arg=--health-check-interval-secs", "--router-arg=2",
                 *[f"--router-arg={a}" for a in router_metrics_args()]]
         router = ServerProcess(f"launcher-{policy}", argv, self.env, port, self.log_dir, health_path="/readiness")
+        return self._start_routing(router, time.monotonic() + timeout_s)
+
+    def _start_routing(self, router: ServerProcess, deadline: float) -> ServerProcess:
+        """Start `router`; return once it routes to every server of this deployment (stopped on failure).
+
+        /readiness (liveness is /health) can turn 200 while the router has registered only some of the
+        workers; traffic sent then would pin conversations to the ones it knows (see launch_router)."""
         router.start()
-        deadline = time.monotonic() + timeout_s
         try:
             router.wait_healthy(deadline)
-            # /readiness turns 200 with one decode registered; wait for all of them (see launch_router).
             wait_registered(router.url, [self.prefill.url, *[d.url for d in self.decodes]],
                             max(1.0, deadline - time.monotonic()))
         except BaseException:
