@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 
 from sglang_pd.srt.disaggregation.admission_round import AdmissionRound, PoolSizer
 from sglang_pd.srt.disaggregation.decode_admission import DecodePrefixAdmission
-from sglang_pd.srt.mem_cache.common import RequestKind, kv_to_page_num
+from sglang_pd.srt.mem_cache.common import RequestKind
 from sglang_pd.srt.mem_cache.lock_ledger import LockLedger
 from sglang_pd.srt.mem_cache.standalone import paged_tree
 
@@ -57,7 +57,6 @@ class World:
     """A full pool, its tree, and a round of requests; built fresh (untimed) for every round."""
 
     def __init__(self, args, tree_kind: str):
-        self.page_size = args.page_size
         self.allocator, self.tree = paged_tree(tree_kind, args.pool_tokens, args.page_size)
         systems = [[1_000_000 + s * 10_000 + t for t in range(args.system_len)] for s in range(args.num_systems)]
         reserved = args.num_systems * args.system_len
@@ -72,6 +71,7 @@ class World:
                                + [9_000_000 + i * args.suffix_len + t for t in range(args.suffix_len)])
                      for i in range(args.round_size)]
         self.admission = DecodePrefixAdmission(LockLedger())
+        self.sizer = PoolSizer(self.tree, self.allocator)  # one sizing rule for both rows
 
     def _cache(self, tokens: list[int]) -> None:
         from sglang.srt.mem_cache.base_prefix_cache import InsertParams
@@ -89,9 +89,6 @@ class World:
         req.bootstrap_host = "127.0.0.1"
         return req
 
-    def new_tokens(self, req, prefix_len: int) -> int:
-        return kv_to_page_num(len(req.origin_input_ids) - prefix_len, self.page_size) * self.page_size
-
     def result(self, seconds: float, calls: int, evicted: int) -> RoundResult:
         prompt = sum(len(r.origin_input_ids) for r in self.reqs)
         hits = sum(self.admission.plan_for(r.rid).decode_prefix_len for r in self.reqs)
@@ -107,7 +104,7 @@ def run_per_request(world: World) -> RoundResult:
     start = time.perf_counter()
     for req in world.reqs:
         world.admission.match_and_lock(req, world.tree, RequestKind.NORMAL, match_kv_cache)
-        need = world.new_tokens(req, world.admission.plan_for(req.rid).decode_prefix_len)
+        need = world.sizer.alloc_tokens(req, world.admission.plan_for(req.rid).decode_prefix_len)
         if world.allocator.available_size() < need:
             calls += 1
             evicted += world.tree.evict_for_alloc(
@@ -123,10 +120,10 @@ def run_batched(world: World) -> RoundResult:
 
     rnd = AdmissionRound(world.admission)
     start = time.perf_counter()
-    plan = rnd.plan(world.reqs, world.tree, PoolSizer(world.tree, world.allocator), match_kv_cache)
+    plan = rnd.plan(world.reqs, world.tree, world.sizer, match_kv_cache)
     for req in world.reqs:
         rnd.take(req)
-        need = world.new_tokens(req, world.admission.plan_for(req.rid).decode_prefix_len)
+        need = world.sizer.alloc_tokens(req, world.admission.plan_for(req.rid).decode_prefix_len)
         if world.allocator.alloc(need) is None:
             raise RuntimeError(f"batched: no room for {req.rid} after the round's eviction")
     seconds = time.perf_counter() - start

@@ -15,9 +15,9 @@ Preflight (fails with one clear line naming the worker): every worker answers /h
 runs the sglang_pd plugin; --prefill URLs are prefill servers and --decode URLs decode servers; all
 agree on model, page size and transfer backend.
 
-Readiness: the router answers /readiness once one prefill and one decode server are healthy, while it
-may still be registering the others, and a conversation pinned in that window stays on the first
-decode server for good. A watcher (a short-lived child; the router keeps this process's PID) polls the
+Readiness: the router's /readiness can answer 200 before it has registered every worker (a CI run's
+router log shows 2 of 3), and a conversation pinned in that window stays on the decode server it
+was placed on for good. A watcher (a short-lived child; the router keeps this process's PID) polls the
 router's /workers and prints `launch_router: ready: ...` once every given worker is registered and
 healthy, or a warning naming the missing ones after --ready-timeout. Send traffic after that line
 (scripts: `wait_registered()`).

@@ -9,6 +9,7 @@ import pytest
 from conftest import POOL_TOKENS, make_req
 from sglang_pd.process_state import STATE
 from sglang_pd.srt.disaggregation.admission_round import AdmissionRound, PoolSizer
+from sglang_pd.srt.mem_cache.common import kv_to_page_num
 
 pytestmark = pytest.mark.unit
 
@@ -33,7 +34,7 @@ def _preallocate(pool, rnd, req):
     """What SGLang's loop does per request after admission: take the match, allocate the rest."""
     assert rnd.take(req) is not None
     need = len(req.origin_input_ids) - STATE.decode_admission.plan_for(req.rid).decode_prefix_len
-    slots = pool.allocator.alloc(-(-need // pool.page_size) * pool.page_size)
+    slots = pool.allocator.alloc(kv_to_page_num(need, pool.page_size) * pool.page_size)
     assert slots is not None, "the round's single eviction left too little free memory"
     return slots
 

@@ -3,6 +3,7 @@
 
 import http.server
 import json
+import os
 import threading
 
 import pytest
@@ -132,7 +133,7 @@ def test_wait_registered_times_out_naming_the_missing_worker(workers):
 
 
 def test_watcher_prints_ready_or_warns(workers, capsys):
-    pid = __import__("os").getppid()  # the watcher compares its parent's PID with the router's
+    pid = os.getppid()  # the watcher compares its parent's PID with the router's
     full = workers(None, listing=lambda: [_listed("http://d1:2")])
     lr._watch_readiness(full.url, ["http://d1:2"], timeout_s=5, router_pid=pid)
     assert f"launch_router: ready: {full.url} routes to all 1 workers" in capsys.readouterr().out
