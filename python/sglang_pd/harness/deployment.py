@@ -16,7 +16,7 @@ from sglang_pd.harness.cpu_env import cpu_server_args, server_env
 from sglang_pd.harness.server import ServerProcess, ServerStartError, free_port
 from sglang_pd.launch_router import wait_registered
 from sglang_pd.models import DEFAULT_MODEL, ensure_model_dir, is_real_model
-from sglang_pd.srt.fault_injection import ENABLE_ENV as FAULT_ENV
+from sglang_pd.config import ENABLE_FAULT_INJECTION
 
 TRANSFER_BACKENDS = ("mooncake_tcp", "nixl")
 
@@ -72,7 +72,7 @@ class PDDeployment:
         self.bootstrap_port = free_port()
         self.env = server_env()
         if config.fault_injection:
-            self.env[FAULT_ENV] = "1"
+            self.env[ENABLE_FAULT_INJECTION] = "1"
         self.env.update(dict(config.env_overrides))
         self.prefill = self._server("prefill", self._prefill_args())
         self.decodes = [self._server(f"decode{i}", self._decode_args()) for i in range(config.num_decode)]

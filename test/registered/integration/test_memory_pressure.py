@@ -25,11 +25,8 @@ def pd_pressure():
     config = DeploymentConfig(page_size=16, decode_max_total_tokens=768, num_reserved_decode_tokens=32,
                               log_dir=LOG_ROOT / "pressure",
                               env_overrides=(("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)),))
-    dep = PDDeployment(config).start()
-    try:
+    with PDDeployment(config) as dep:
         yield dep
-    finally:
-        dep.stop()
 
 
 def test_retraction_keeps_outputs_and_stays_balanced(pd_pressure: PDDeployment, plain_url: str):

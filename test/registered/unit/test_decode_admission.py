@@ -3,18 +3,24 @@
 import pytest
 
 from conftest import make_req
-from sglang_pd.process_state import STATE
 from sglang_pd.srt.disaggregation.decode_admission import RequestKind
 from sglang_pd.srt.mem_cache.common import kv_to_page_num
 
 pytestmark = pytest.mark.unit
 
 
+def ledger_admission():
+    """The installed process state's DecodePrefixAdmission (the `ledger` fixture installs a fresh state)."""
+    from sglang_pd.srt.state import current
+
+    return current().decode_admission
+
+
 def _admit(pool, req, kind=RequestKind.NORMAL):
     from sglang.srt.mem_cache.common import match_kv_cache
 
-    STATE.decode_admission.match_and_lock(req, pool.tree, kind, match_kv_cache)
-    return STATE.decode_admission.plan_for(req.rid)
+    ledger_admission().match_and_lock(req, pool.tree, kind, match_kv_cache)
+    return ledger_admission().plan_for(req.rid)
 
 
 def test_miss_plans_every_page_and_holds_nothing(pool, ledger):
@@ -34,7 +40,8 @@ def test_refused_attempt_lock_is_released_on_retry(pool, ledger):
     assert ledger.owners() == {"retry": 1} and first.decode_prefix_len == 8
     second = _admit(pool, req)  # retried without the lock ever being given back
     assert second == first and ledger.owners() == {"retry": 1}
-    assert STATE.decode_admission.num_stale_locks_released == 1 and STATE.decode_admission.num_replans == 1
+    snap = ledger_admission().snapshot()
+    assert snap["num_stale_locks_released"] == 1 and snap["num_replans"] == 1
     pool.tree.unlock(req.lock)
     assert pool.integrity(ledger).ok and ledger.num_double_releases == 0
 
@@ -63,7 +70,7 @@ def test_full_prefix_hit_moves_no_page(pool, ledger):
     req = make_req("full", prompt)
     plan = _admit(pool, req)
     assert plan.decode_prefix_len == len(prompt) and plan.num_new_pages == 0
-    snap = STATE.decode_admission.snapshot()
+    snap = ledger_admission().snapshot()
     assert snap["num_pages_saved"] == kv_to_page_num(16, pool.page_size)
     pool.tree.unlock(req.lock)
     assert pool.integrity(ledger).ok
@@ -78,11 +85,11 @@ def test_warmup_and_health_never_use_the_tree(pool, ledger, kind, host):
     assert req.skip_radix_cache_insert, "their tokens must never be inserted"
     assert pool.protected() == 0 and req.lock is None
     assert pool.integrity(ledger).ok
-    assert STATE.decode_admission.snapshot()["num_skipped_tree"] == 1
+    assert ledger_admission().snapshot()["num_skipped_tree"] == 1
 
 
 def test_request_kind_classification():
-    from sglang_pd.srt.disaggregation.decode_hooks import request_kind
+    from sglang_pd.srt.mem_cache.common import request_kind
 
     assert request_kind(make_req("a", [1], "127.0.0.1")) is RequestKind.NORMAL
     assert request_kind(make_req("a", [1], "2.2.2.2")) is RequestKind.WARMUP
@@ -92,7 +99,8 @@ def test_request_kind_classification():
 def test_handoff_mismatch_is_counted(pool, ledger):
     req = make_req("h", list(range(200, 209)))
     plan = _admit(pool, req)
-    assert STATE.decode_admission.record_handoff("h", 0, plan.num_new_pages) is None
-    assert STATE.decode_admission.record_handoff("h", 0, plan.num_new_pages + 1) == plan
-    assert STATE.decode_admission.num_handoff_mismatches == 1
-    assert STATE.decode_admission.record_handoff("never-planned", 0, 3) is None
+    assert ledger_admission().record_handoff("h", 0, plan.num_new_pages) is None
+    assert ledger_admission().record_handoff("h", 0, plan.num_new_pages + 1) == plan
+    assert ledger_admission().snapshot()["num_handoff_mismatches"] == 1
+    assert ledger.counters.get("decode_handoff_mismatches_total") == 1  # one source: stats == metric
+    assert ledger_admission().record_handoff("never-planned", 0, 3) is None

@@ -1,8 +1,12 @@
-"""Per-process state of sglang_pd: which hooks this process applied and the objects hooks own.
+"""The objects sglang_pd keeps in one SGLang process, built in one place from one Settings object.
+
+Layers: SGLang calls the hook functions (srt/hooks/) -> they read this process's `ProcessState`
+(`current()`) -> the logic classes it holds (srt/disaggregation/, srt/mem_cache/), each handed its
+collaborators through its constructor by `build_state`, never reaching this module.
 
 Each SGLang process (HTTP server, scheduler, detokenizer) loads the plugin separately, so each has
-its own `STATE`. The scheduler's part reaches the HTTP process through SGLang's own
-get_internal_state round trip (see `srt/scheduler_hooks.py`), never through shared files.
+its own state; `plugin.register()` builds and installs it. The scheduler's part reaches the HTTP
+process through SGLang's own get_internal_state round trip (srt/hooks/scheduler.py).
 """
 
 from __future__ import annotations
@@ -11,8 +15,10 @@ import enum
 import inspect
 from dataclasses import dataclass, field
 
+from sglang_pd.config import Settings
 from sglang_pd.srt.disaggregation.admission_round import AdmissionRound
 from sglang_pd.srt.disaggregation.decode_admission import DecodePrefixAdmission
+from sglang_pd.srt.disaggregation.nixl_host_memory import HostMemoryScope, StallWatch
 from sglang_pd.srt.disaggregation.prefill_transfer_log import PrefillTransferLog
 from sglang_pd.srt.disaggregation.radix_resume import RadixResume
 from sglang_pd.srt.disaggregation.slo_controller import SloController
@@ -20,6 +26,9 @@ from sglang_pd.srt.fault_injection import FaultPlan
 from sglang_pd.srt.mem_cache.lock_ledger import LockLedger
 from sglang_pd.srt.mem_cache.tree_integrity import IntegrityReport
 from sglang_pd.srt.pd_metrics import PDCounters
+
+
+INTERNAL_STATE_KEY = "sglang_pd"  # where a scheduler's snapshot rides SGLang's get_internal_state reply
 
 
 class ProcessKind(str, enum.Enum):
@@ -56,28 +65,23 @@ def detect_process_kind() -> ProcessKind:
 
 @dataclass
 class ProcessState:
-    """What sglang_pd holds in one process. Mutated only by plugin registration and hooks."""
+    """What sglang_pd holds in one process. Built by `build_state`; mutated by hooks only."""
 
-    kind: ProcessKind | None = None
+    kind: ProcessKind
+    settings: Settings
+    counters: PDCounters
+    lock_ledger: LockLedger
+    decode_admission: DecodePrefixAdmission
+    admission_round: AdmissionRound
+    radix_resume: RadixResume
+    slo: SloController
+    faults: FaultPlan
+    prefill_log: PrefillTransferLog
+    nixl_host_memory: HostMemoryScope
+    nixl_stall: StallWatch
     applied_hooks: list[str] = field(default_factory=list)
-    refused_reason: str | None = None
-    prefill_log: PrefillTransferLog = field(default_factory=PrefillTransferLog)
-    lock_ledger: LockLedger = field(default_factory=LockLedger)
-    decode_admission: DecodePrefixAdmission = None  # built in __post_init__ around lock_ledger
-    admission_round: AdmissionRound = None  # built in __post_init__ around decode_admission
-    radix_resume: RadixResume = None  # built in __post_init__
-    last_integrity: IntegrityReport | None = None
     hook_errors: dict[str, int] = field(default_factory=dict)
-    faults: FaultPlan = field(default_factory=FaultPlan)
-    num_retracted: int = 0
-    counters: PDCounters = field(default_factory=PDCounters)
-    slo: SloController = None  # built in __post_init__ from SGLANG_PD_*_TARGET_MS, around counters
-
-    def __post_init__(self):
-        self.decode_admission = DecodePrefixAdmission(self.lock_ledger, counters=self.counters)
-        self.admission_round = AdmissionRound(self.decode_admission, counters=self.counters)
-        self.radix_resume = RadixResume(counters=self.counters)
-        self.slo = SloController.from_env(counters=self.counters)
+    last_integrity: IntegrityReport | None = None
 
     def count_hook_error(self, hook: str) -> None:
         """Count an exception a hook caught to keep SGLang serving (logged by the hook)."""
@@ -86,9 +90,8 @@ class ProcessState:
     def record_integrity(self, report: IntegrityReport) -> None:
         """Keep the latest integrity report and count failures."""
         self.last_integrity = report
-        self.counters.set("tree_locks_outstanding", report.num_outstanding_locks)
         if not report.ok:
-            self.counters.add("integrity_failures_total", 1)
+            self.counters.add("integrity_failures_total")
 
     def patched_hooks(self) -> list[str]:
         """Registered hooks whose target SGLang's HookRegistry really patched (read-only)."""
@@ -99,16 +102,15 @@ class ProcessState:
     def snapshot(self) -> dict:
         """JSON-able view of this process's state (read-only)."""
         return {
-            "process": self.kind.value if self.kind else None,
+            "process": self.kind.value,
             "applied_hooks": self.patched_hooks(),
-            "refused_reason": self.refused_reason,
             "prefill_transfer": self.prefill_log.snapshot(),
             "decode_admission": self.decode_admission.snapshot(),
             "lock_ledger": self.lock_ledger.summary(),
             "integrity": self.last_integrity.as_dict() if self.last_integrity else None,
             "hook_errors": dict(self.hook_errors),
             "faults": self.faults.snapshot(),
-            "num_retracted": self.num_retracted,
+            "num_retracted": int(self.counters.get("decode_retractions_total")),
             "radix_resume": self.radix_resume.snapshot(),
             "admission_round": self.admission_round.snapshot(),
             "counters": self.counters.snapshot(),
@@ -116,4 +118,38 @@ class ProcessState:
         }
 
 
-STATE = ProcessState()
+def build_state(kind: ProcessKind, settings: Settings) -> ProcessState:
+    """Every object of one process, wired to its collaborators (the only place that does it)."""
+    counters = PDCounters()
+    ledger = LockLedger(counters)
+    admission = DecodePrefixAdmission(ledger)
+    faults = FaultPlan(enabled=settings.fault_injection)
+    prefill_log = PrefillTransferLog(counters)
+    return ProcessState(
+        kind=kind, settings=settings, counters=counters, lock_ledger=ledger, decode_admission=admission,
+        admission_round=AdmissionRound(admission), radix_resume=RadixResume(counters),
+        slo=SloController(settings.itl_target_s, settings.ttft_target_s, counters), faults=faults,
+        prefill_log=prefill_log, nixl_host_memory=HostMemoryScope(),
+        nixl_stall=StallWatch(settings.nixl_stall_timeout_s, prefill_log, faults))
+
+
+_current: ProcessState | None = None
+
+
+def install(state: ProcessState | None) -> ProcessState | None:
+    """Make `state` this process's state (None uninstalls); returns the one it replaces."""
+    global _current
+    previous, _current = _current, state
+    return previous
+
+
+def installed() -> bool:
+    """True once this process's state was built and installed (read-only)."""
+    return _current is not None
+
+
+def current() -> ProcessState:
+    """This process's state; raises RuntimeError if the plugin never built one (hooks run only after)."""
+    if _current is None:
+        raise RuntimeError("sglang_pd: no process state (plugin.register() did not run or refused)")
+    return _current

@@ -1,13 +1,14 @@
-"""Hook that carries the scheduler's sglang_pd state to the HTTP process."""
+"""Hooks on SGLang's `Scheduler` (managers/scheduler.py): metrics labels, state export, faults, step timing."""
 
 from __future__ import annotations
 
 import logging
+import time
 
-from sglang_pd.process_state import STATE, mode_name
+from sglang_pd.srt.mem_cache.common import request_kv_len as kv_len
 from sglang_pd.srt.mem_cache.tree_integrity import check_integrity
+from sglang_pd.srt.state import INTERNAL_STATE_KEY, current, mode_name
 
-INTERNAL_STATE_KEY = "sglang_pd"
 logger = logging.getLogger(__name__)
 
 
@@ -16,18 +17,19 @@ def run_integrity_check(scheduler) -> None:
     tree = getattr(scheduler, "tree_cache", None)
     if tree is None or getattr(tree, "disable", True):
         return
-    idle = scheduler.is_fully_idle()
-    STATE.record_integrity(check_integrity(tree, scheduler.token_to_kv_pool_allocator, STATE.lock_ledger,
-                                           idle=idle))
+    state = current()
+    state.record_integrity(check_integrity(tree, scheduler.token_to_kv_pool_allocator, state.lock_ledger,
+                                           idle=scheduler.is_fully_idle()))
 
 
 def after_get_internal_state(result, scheduler, recv_req):
     """Add this scheduler's sglang_pd snapshot (with a fresh integrity check) to the reply."""
+    state = current()
     try:
         run_integrity_check(scheduler)
-        result.internal_state[INTERNAL_STATE_KEY] = STATE.snapshot()
+        result.internal_state[INTERNAL_STATE_KEY] = state.snapshot()
     except Exception as exc:  # observability must never take the scheduler down
-        STATE.count_hook_error("get_internal_state")
+        state.count_hook_error("get_internal_state")
         logger.exception("sglang_pd: state snapshot failed")
         result.internal_state[INTERNAL_STATE_KEY] = {"error": f"{type(exc).__name__}: {exc}"}
     return result
@@ -38,7 +40,7 @@ def around_set_internal_state(original, scheduler, recv_req):
     from sglang.srt.managers.io_struct import SetInternalStateReqOutput
 
     try:
-        remaining = STATE.faults.arm_from_keys(dict(recv_req.server_args))
+        remaining = current().faults.arm_from_keys(dict(recv_req.server_args))
     except ValueError as exc:
         logger.warning("sglang_pd: %s", exc)
         return SetInternalStateReqOutput(updated=False)
@@ -50,33 +52,26 @@ def around_set_internal_state(original, scheduler, recv_req):
     return original(scheduler, recv_req)
 
 
-def after_retract_decode(result, batch):
-    """Count decode retractions (their locks are released through the ledger-checked unlock)."""
-    retracted, _ratio, _to_abort = result
-    STATE.num_retracted += len(retracted)
-    return result
-
-
 def after_init_disaggregation(result, scheduler):
     """Label this scheduler's metrics with its role and backend; export them if metrics are on."""
     from sglang.srt.runtime_context import get_observability
 
+    state = current()
     role = mode_name(scheduler.disaggregation_mode)
     backend = mode_name(scheduler.transfer_backend)
     try:
         if get_observability().enable_metrics:
-            STATE.counters.bind(role, backend)
+            state.counters.bind(role, backend)
         else:
-            STATE.counters.role, STATE.counters.backend = role, backend
+            state.counters.role, state.counters.backend = role, backend
     except Exception:
-        STATE.count_hook_error("init_disaggregation")
+        state.count_hook_error("init_disaggregation")
         logger.exception("sglang_pd: could not set up metrics")
     return result
 
 
-def after_evict(result, tree_cache, *args, **kwargs):
-    """Count evicted tokens (any tree, any caller)."""
-    num = getattr(result, "num_tokens_evicted", 0) or 0
-    if num:
-        STATE.counters.add("evicted_tokens_total", num)
-    return result
+def before_run_batch(scheduler, batch, pp_proxy_tensors=None):
+    """Decode only: a forward starts now; the SLO step meter closes the previous step's sample."""
+    if mode_name(scheduler.disaggregation_mode) == "decode" and batch.forward_mode.is_decode():
+        current().slo.on_step_start(time.perf_counter(), batch.batch_size(), sum(kv_len(r) for r in batch.reqs),
+                                    bool(scheduler._sched_idled))
