@@ -22,6 +22,8 @@ BATCHED_EVICTION = f"{PREFIX}BATCHED_EVICTION"
 MODEL_DIR = f"{PREFIX}MODEL_DIR"
 ITL_TARGET_MS = f"{PREFIX}ITL_TARGET_MS"
 TTFT_TARGET_MS = f"{PREFIX}TTFT_TARGET_MS"
+LOCAL_PREFILL_TOKENS = f"{PREFIX}LOCAL_PREFILL_TOKENS"
+LOCAL_PREFILL_STEP_TOKENS = f"{PREFIX}LOCAL_PREFILL_STEP_TOKENS"
 
 
 class SettingsError(ValueError):
@@ -42,6 +44,20 @@ def _positive(unit: str, scale: float = 1.0) -> Callable[[str], float]:
         if not number > 0:
             raise ValueError(f"must be > 0 {unit}")
         return number * scale
+
+    return parse
+
+
+def _count(minimum: int) -> Callable[[str], int]:
+    """A parser of a whole number of tokens >= `minimum`."""
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise ValueError("is not a whole number of tokens") from None
+        if number < minimum:
+            raise ValueError(f"must be >= {minimum} tokens")
+        return number
 
     return parse
 
@@ -91,6 +107,13 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(TTFT_TARGET_MS, "ttft_target_s", None,
             "decode: refuse a new request at once (HTTP 503 + Retry-After) when its predicted time to "
             "first token exceeds this many ms", _positive("milliseconds", 1e-3)),
+    # Decode-local prefill (srt/disaggregation/local_prefill.py); 0 = off = every request goes to prefill.
+    Setting(LOCAL_PREFILL_TOKENS, "local_prefill_tokens", "0",
+            "decode: when at most this many prompt tokens are missing from the decode radix tree, decode "
+            "computes them itself and tells prefill to drop the request (0 = off)", _count(0)),
+    Setting(LOCAL_PREFILL_STEP_TOKENS, "local_prefill_step_tokens", "256",
+            "decode: at most this many local-prefill tokens run between two decode steps (protects ITL); "
+            f"must be >= {LOCAL_PREFILL_TOKENS}", _count(1)),
 )
 
 
@@ -105,6 +128,8 @@ class Settings:
     model_dir: Path | None = None
     itl_target_s: float | None = None
     ttft_target_s: float | None = None
+    local_prefill_tokens: int = 0
+    local_prefill_step_tokens: int = 256
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
@@ -131,10 +156,21 @@ def _parse(env: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
             values[setting.field] = setting.parse(raw)
         except ValueError as exc:
             problems.append(f"{setting.name}={raw!r} {exc}")
+    problems += _conflicts(values)
     known = {s.name for s in SETTINGS}
     problems += [f"{name} is not a sglang_pd setting (known: {', '.join(sorted(known))})"
                  for name in env if name.startswith(PREFIX) and name not in known]
     return values, problems
+
+
+def _conflicts(values: dict[str, Any]) -> list[str]:
+    """Settings that are fine alone but not together, one message naming both."""
+    threshold = values.get("local_prefill_tokens", 0)
+    step = values.get("local_prefill_step_tokens", Settings.local_prefill_step_tokens)
+    if threshold > step:
+        return [f"{LOCAL_PREFILL_TOKENS}={threshold} exceeds {LOCAL_PREFILL_STEP_TOKENS}={step}: a request's "
+                "uncached tokens run in one local extend, which must fit one step's budget"]
+    return []
 
 
 def problems(environ: Mapping[str, str] | None = None) -> list[str]:

@@ -18,9 +18,11 @@ from dataclasses import dataclass, field
 from sglang_pd.config import Settings
 from sglang_pd.srt.disaggregation.admission_round import AdmissionRound
 from sglang_pd.srt.disaggregation.decode_admission import DecodePrefixAdmission
+from sglang_pd.srt.disaggregation.local_prefill import LocalPrefill
 from sglang_pd.srt.disaggregation.nixl_host_memory import HostMemoryScope, StallWatch
 from sglang_pd.srt.disaggregation.prefill_transfer_log import PrefillTransferLog
 from sglang_pd.srt.disaggregation.radix_resume import RadixResume
+from sglang_pd.srt.disaggregation.room_decline import RoomDeclineTable
 from sglang_pd.srt.disaggregation.slo_controller import SloController
 from sglang_pd.srt.fault_injection import FaultPlan
 from sglang_pd.srt.mem_cache.lock_ledger import LockLedger
@@ -79,6 +81,8 @@ class ProcessState:
     prefill_log: PrefillTransferLog
     nixl_host_memory: HostMemoryScope
     nixl_stall: StallWatch
+    local_prefill: LocalPrefill
+    room_declines: RoomDeclineTable
     applied_hooks: list[str] = field(default_factory=list)
     hook_errors: dict[str, int] = field(default_factory=dict)
     last_integrity: IntegrityReport | None = None
@@ -115,6 +119,8 @@ class ProcessState:
             "admission_round": self.admission_round.snapshot(),
             "counters": self.counters.snapshot(),
             "slo": self.slo.snapshot(num_recent_steps=512),
+            "local_prefill": self.local_prefill.snapshot(),
+            "room_declines": self.room_declines.snapshot(),
         }
 
 
@@ -130,7 +136,9 @@ def build_state(kind: ProcessKind, settings: Settings) -> ProcessState:
         admission_round=AdmissionRound(admission), radix_resume=RadixResume(counters),
         slo=SloController(settings.itl_target_s, settings.ttft_target_s, counters), faults=faults,
         prefill_log=prefill_log, nixl_host_memory=HostMemoryScope(),
-        nixl_stall=StallWatch(settings.nixl_stall_timeout_s, prefill_log, faults))
+        nixl_stall=StallWatch(settings.nixl_stall_timeout_s, prefill_log, faults),
+        local_prefill=LocalPrefill(settings.local_prefill_tokens, settings.local_prefill_step_tokens, counters),
+        room_declines=RoomDeclineTable(counters))
 
 
 _current: ProcessState | None = None
