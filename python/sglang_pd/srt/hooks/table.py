@@ -76,11 +76,12 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
     HookSpec(
         f"{_DISAGG}.mooncake.conn.MooncakeKVManager._handle_abort_notification", "AROUND",
         mooncake_conn.around_handle_abort_notification, ProcessKind.SCHEDULER,
-        "check transfer-info frames first: a malformed one fails its room, not the bootstrap thread"),
+        "check transfer-info frames first: a malformed one fails its room, not the bootstrap thread; "
+        "prefill: consume a room decline (fail the room now, or tombstone it until it exists)"),
     HookSpec(
         f"{_DISAGG}.nixl.conn.NixlKVManager._handle_abort_notification", "AROUND",
         nixl_conn.around_handle_abort_notification, ProcessKind.SCHEDULER,
-        "same for NIXL (whose parser also asserts on foreign traffic)"),
+        "same for NIXL (whose parser also asserts on foreign traffic), declines included"),
     HookSpec(
         f"{_DISAGG}.nixl.conn.NixlKVManager.__init__", "AROUND", nixl_conn.around_init,
         ProcessKind.SCHEDULER, "CPU device: register KV as DRAM (upstream says VRAM) and scope the next row"),
@@ -126,7 +127,8 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
     HookSpec(
         f"{_DISAGG}.decode.DecodePreallocQueue._send_kv_metadata", "AROUND",
         decode_prealloc_queue.around_send_kv_metadata, ProcessKind.SCHEDULER,
-        "check decode_prefix_len and page count handed to the transfer layer against the plan"),
+        "decode-local prefill decided after match + lock + prealloc, before prefill hears of the request "
+        "(local: decline sent, request queued); else check decode_prefix_len and pages against the plan"),
     # --- retraction that keeps the prefix, batched eviction (issue 5) ---
     HookSpec(
         f"{_DISAGG}.decode.DecodePreallocQueue._pre_alloc", "AROUND",
@@ -139,11 +141,13 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
     HookSpec(
         f"{_DISAGG}.decode.DecodePreallocQueue.pop_preallocated", "AROUND",
         decode_prealloc_queue.around_pop_preallocated, ProcessKind.SCHEDULER,
-        "run the prealloc loop as one admission round (evict once); release planned locks not taken"),
+        "run the prealloc loop as one admission round (evict once); release planned locks not taken; "
+        "requests served by decode-local prefill do not go on to the transfer queue"),
     # ---- SLO-aware decode admission (issue 10; slo_controller.py): ITL target, early rejection ----
     HookSpec(
         "sglang.srt.managers.scheduler.Scheduler.run_batch", "BEFORE", scheduler.before_run_batch,
-        ProcessKind.SCHEDULER, "decode: time launch-to-launch of decode steps, the samples the step model learns"),
+        ProcessKind.SCHEDULER, "decode: time launch-to-launch of decode steps (a local extend's tokens ride "
+        "on its step), the samples the step model learns; prefill: count prompt tokens its model computes"),
     HookSpec(
         f"{_DISAGG}.decode.SchedulerDisaggregationDecodeMixin._get_new_prebuilt_batch", "AROUND",
         decode_scheduler.around_get_new_prebuilt_batch, ProcessKind.SCHEDULER,
@@ -152,6 +156,37 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         f"{_DISAGG}.decode.DecodePreallocQueue.add", "AROUND", decode_prealloc_queue.around_add,
         ProcessKind.SCHEDULER, "refuse (503) a request whose predicted TTFT exceeds SGLANG_PD_TTFT_TARGET_MS, "
         "before any page or lock"),
+    # ---- decode-local prefill (issue 20; local_prefill.py, room_decline.py) ----
+    HookSpec(
+        f"{_DISAGG}.decode.SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run", "AROUND",
+        decode_scheduler.around_get_next_disagg_decode_batch_to_run, ProcessKind.SCHEDULER,
+        "the local extend that ran joins the running batch; the next one (capped tokens, at most one per "
+        "decode step) runs in place of this step's decode when due"),
+    HookSpec(
+        "sglang.srt.managers.schedule_batch.alloc_for_extend", "AROUND", schedule_batch.around_alloc_for_extend,
+        ProcessKind.SCHEDULER, "a local extend writes into the pages decode preallocated (no second allocation)"),
+    HookSpec(
+        f"{_DISAGG}.decode.DecodePreallocQueue._active_req_count", "AFTER",
+        decode_prealloc_queue.after_active_req_count, ProcessKind.SCHEDULER,
+        "admission reserves decode headroom for local-prefill requests, which sit in none of SGLang's queues"),
+    HookSpec(
+        "sglang.srt.managers.scheduler.Scheduler.is_disable_overlap_for_batch", "AFTER",
+        scheduler.after_is_disable_overlap_for_batch, ProcessKind.SCHEDULER,
+        "overlap loop: a local extend's result (first token) is processed before the next batch launches"),
+    HookSpec(
+        "sglang.srt.managers.scheduler.Scheduler.is_fully_idle", "AFTER", scheduler.after_is_fully_idle,
+        ProcessKind.SCHEDULER, "not idle while local-prefill requests hold pages (no idle sleep, no idle "
+        "leak check on them)"),
+    HookSpec(
+        "sglang.srt.managers.scheduler.Scheduler.abort_request", "AFTER", scheduler.after_abort_request,
+        ProcessKind.SCHEDULER, "client aborts reach requests queued for a local extend (answered, released)"),
+    HookSpec(
+        f"{_DISAGG}.prefill.PrefillBootstrapQueue.add", "AFTER", prefill.after_add, ProcessKind.SCHEDULER,
+        "prefill: a room decode declined before this half arrived fails at once (else a 300 s bootstrap wait)"),
+    HookSpec(
+        f"{_DISAGG}.prefill.SchedulerDisaggregationPrefillMixin.handle_bootstrap_failure", "AROUND",
+        prefill.around_handle_bootstrap_failure, ProcessKind.SCHEDULER,
+        "prefill: a declined room answers as decode asked (200 for decode-local prefill), not as a failure"),
 )
 
 
