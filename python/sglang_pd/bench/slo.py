@@ -1,8 +1,9 @@
 """SLO side of the multi-turn benchmark: configurations to compare, SLO attainment, goodput, plots.
 
 A configuration name is `off` or `on` (decode radix cache) optionally followed by `+itl` (decode
-admission under SGLANG_PD_ITL_TARGET_MS) and `+reject` (early rejection under
-SGLANG_PD_TTFT_TARGET_MS), e.g. `off,on,on+itl,on+itl+reject`. A request meets the SLO when it
+admission under SGLANG_PD_ITL_TARGET_MS), `+reject` (early rejection under SGLANG_PD_TTFT_TARGET_MS)
+and `+local` (decode-local prefill under SGLANG_PD_LOCAL_PREFILL_TOKENS), e.g.
+`off,on,on+local,on+itl+reject`. A request meets the SLO when it
 completed, its TTFT <= the TTFT target and its mean inter-token gap (TPOT) <= the ITL target; a
 refused request (503) never does. Goodput = requests meeting the SLO per second of the run.
 """
@@ -13,9 +14,9 @@ import statistics
 from dataclasses import dataclass
 
 from sglang_pd.bench.report import pyplot
-from sglang_pd.config import ITL_TARGET_MS as ITL_ENV, TTFT_TARGET_MS as TTFT_ENV
+from sglang_pd.config import ITL_TARGET_MS as ITL_ENV, LOCAL_PREFILL_TOKENS as LOCAL_ENV, TTFT_TARGET_MS as TTFT_ENV
 
-_FEATURES = ("itl", "reject")
+_FEATURES = ("itl", "reject", "local")
 
 
 @dataclass(frozen=True)
@@ -41,13 +42,14 @@ class SloTargets:
         return " and ".join(parts) or "no SLO"
 
 
-def parse_configs(text: str, itl_target_ms: float | None, ttft_target_ms: float | None) -> list[BenchConfig]:
+def parse_configs(text: str, itl_target_ms: float | None, ttft_target_ms: float | None,
+                  local_prefill_tokens: int | None = None) -> list[BenchConfig]:
     """Configurations from `off,on,on+itl,...`; raises ValueError naming what is wrong or missing."""
     configs = []
     for name in [n.strip() for n in text.split(",") if n.strip()]:
         base, *features = name.split("+")
         if base not in ("off", "on") or any(f not in _FEATURES for f in features):
-            raise ValueError(f"unknown configuration {name!r}: use off|on, then optional +itl, +reject")
+            raise ValueError(f"unknown configuration {name!r}: use off|on, then optional +itl, +reject, +local")
         env = []
         if "itl" in features:
             if itl_target_ms is None:
@@ -57,6 +59,11 @@ def parse_configs(text: str, itl_target_ms: float | None, ttft_target_ms: float 
             if ttft_target_ms is None:
                 raise ValueError(f"configuration {name!r} needs --ttft-target-ms")
             env.append((TTFT_ENV, f"{ttft_target_ms:g}"))
+        if "local" in features:
+            if base != "on" or not local_prefill_tokens:
+                raise ValueError(f"configuration {name!r} needs the decode radix cache (on) and "
+                                 "--local-prefill-tokens > 0")
+            env.append((LOCAL_ENV, str(local_prefill_tokens)))
         configs.append(BenchConfig(name, base == "on", tuple(env)))
     if not configs:
         raise ValueError("no configuration given")
