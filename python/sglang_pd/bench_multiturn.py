@@ -68,6 +68,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--model", help="built-in model (overrides the preset's)")
     p.add_argument("--transfer-backend", default="mooncake_tcp", choices=("mooncake_tcp", "nixl"))
     p.add_argument("--page-size", type=int, help="KV page size (overrides the preset's)")
+    p.add_argument("--decode-max-total-tokens", type=int, help="decode KV pool in tokens (overrides the preset's)")
     for name in WORKLOAD_FLAGS:
         kind = {"request_rate": float, "round_barrier": None}.get(name, int)
         flag = "--" + name.replace("_", "-")
@@ -140,6 +141,8 @@ def run_config(config: BenchConfig, args, cfg: WorkloadConfig):
         deploy["model"] = args.model
     if args.page_size:
         deploy["page_size"] = args.page_size
+    if args.decode_max_total_tokens:
+        deploy["decode_max_total_tokens"] = args.decode_max_total_tokens
     t0 = time.perf_counter()
     with PDDeployment(DeploymentConfig(decode_radix=config.decode_radix, **deploy)) as dep:
         print(f"[{config.name}] PD pair up in {time.perf_counter() - t0:.0f}s (logs {dep.log_dir})", file=sys.stderr)
@@ -206,6 +209,7 @@ def main(argv=None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     report = {"preset": args.preset, "machine": machine(), "workload": dataclasses.asdict(cfg),
               "deployment": PRESETS[args.preset][1], "model": args.model, "page_size": args.page_size,
+              "decode_max_total_tokens": args.decode_max_total_tokens,
               "transfer_backend": args.transfer_backend, "slo": args.slo.describe(),
               "configs": [dataclasses.asdict(c) for c in args.configs],
               "results": results, "pareto": pareto, "local_sweep": {str(t): r for t, r in sweep.items()},

@@ -32,6 +32,17 @@ def test_workload_is_seeded_and_grows_each_round():
     assert sorted(len(p) for p in seen) == [25] * 3 + [31] * 3 + [37] * 3
 
 
+def test_question_lengths_spread_when_asked_and_stay_seeded():
+    cfg = WorkloadConfig(num_clients=4, num_rounds=6, first_question_len=32, question_len=8, question_len_max=200)
+    lengths = [len(q) for c in range(4) for q in questions(cfg, c)[1:]]
+    assert all(8 <= n <= 200 for n in lengths) and len(set(lengths)) > 10
+    assert [len(q) for q in questions(cfg, 2)] == [len(q) for q in questions(cfg, 2)]
+    assert all(len(q) == 32 for q in (questions(cfg, c)[0] for c in range(4)))
+    assert {len(q) for q in questions(WorkloadConfig(num_rounds=3, question_len=16), 0)[1:]} == {16}
+    with pytest.raises(ValueError, match="question_len_max"):
+        WorkloadConfig(question_len=16, question_len_max=8)
+
+
 def test_workload_rejects_bad_config():
     with pytest.raises(ValueError, match="num_clients must be >= 1"):
         WorkloadConfig(num_clients=0)
