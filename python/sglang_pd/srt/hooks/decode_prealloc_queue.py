@@ -212,7 +212,7 @@ def around_send_kv_metadata(original, queue, decode_req, kv_indices, page_size, 
     state = current()
     req = decode_req.req
     prefix_len = int(metadata_kwargs.get("decode_prefix_len") or 0)
-    if state.local_prefill.enabled and _serve_locally(queue, decode_req, prefix_len):
+    if state.local_prefill.enabled and _serve_locally(decode_req, prefix_len):
         return None
     num_pages = kv_to_page_num(len(kv_indices), page_size)
     try:
@@ -241,7 +241,7 @@ def _wants_input_logprobs(req) -> bool:
     return bool(req.return_logprob) and 0 <= req.logprob_start_len < len(req.origin_input_ids)
 
 
-_UNSUPPORTED = (  # request attribute -> what the local extend does not run for it (checked falsy = fine)
+_UNSUPPORTED = (  # request attribute set (truthy) -> the feature the local extend does not run
     ("grammar", "structured output (grammar)"), ("multimodal_inputs", "multimodal input"),
     ("input_embeds", "input embeddings"), ("positional_embed_overrides", "positional embedding overrides"),
     ("lora_id", "LoRA adapter"), ("return_hidden_states", "hidden states"),
@@ -253,15 +253,24 @@ def _unsupported_feature(req) -> str | None:
     return next((what for attr, what in _UNSUPPORTED if getattr(req, attr, None)), None)
 
 
-def _serve_locally(queue, decode_req, prefix_len: int) -> bool:
+def _serve_locally(decode_req, prefix_len: int) -> bool:
     """Decide local vs PD for an admitted, locked, preallocated request; if local, decline it to prefill
-    and queue it for a local extend. True when the request is now decode's (the caller sends nothing)."""
+    and queue it for a local extend. True when the request is now decode's (the caller sends nothing).
+
+    Until the decline is sent, any problem leaves the request on the PD path (counted). With several
+    prefill ranks a send that fails half-way has told some of them: the PD path then fails that request
+    through SGLang's failure path (the ranks told dropped the room), releasing it as any failure does."""
     state = current()
     req = decode_req.req
     if request_kind(req) is not RequestKind.NORMAL or decode_req.is_rebootstrap:
         return False
-    decision = state.local_prefill.decide(len(req.origin_input_ids), prefix_len, _wants_input_logprobs(req),
-                                          _unsupported_feature(req))
+    try:
+        decision = state.local_prefill.decide(len(req.origin_input_ids), prefix_len, _wants_input_logprobs(req),
+                                              _unsupported_feature(req))
+    except Exception:
+        state.count_hook_error("local_prefill_decide")
+        logger.exception("sglang_pd: deciding decode-local prefill for %s failed; it goes to prefill", req.rid)
+        return False
     if decision.fallback is not None:
         logger.info("sglang_pd: %s goes to prefill: %s %s", req.rid, decision.fallback.value, decision.detail)
     if not decision.local:
