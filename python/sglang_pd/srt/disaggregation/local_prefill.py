@@ -28,9 +28,10 @@ No SGLang import: requests are opaque objects with `rid`; tested on bare objects
 from __future__ import annotations
 
 import enum
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Iterable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
 from sglang_pd.srt.pd_metrics import PDCounters
 
@@ -86,6 +87,9 @@ class LocalRecord:
     state: LocalState = LocalState.QUEUED
     not_before_s: float = 0.0                 # test faults may hold a request back until then
     abort_seen: dict | None = None            # state (and lock state) an abort found it in
+    queued_at_s: float = 0.0                  # clock times: decided local, extend planned, joined
+    extend_at_s: float | None = None
+    joined_at_s: float | None = None
     req: Any = field(default=None, repr=False)
 
 
@@ -112,13 +116,15 @@ class LocalPrefill:
     `num_pending`, `queued_records`, `record`, `snapshot`. Scheduler thread only. Counts into `counters`.
     """
 
-    def __init__(self, threshold: int, step_tokens: int, counters: PDCounters, max_records: int = 4096):
+    def __init__(self, threshold: int, step_tokens: int, counters: PDCounters, max_records: int = 4096,
+                 clock: Callable[[], float] = time.monotonic):
         if threshold < 0 or step_tokens < 1 or threshold > step_tokens:
             raise ValueError(f"need 0 <= threshold <= step_tokens, step_tokens >= 1; got {threshold}, {step_tokens}")
         self.threshold = threshold
         self.step_tokens = step_tokens
         self.counters = counters
         self.max_records = max_records
+        self._clock = clock
         self._records: OrderedDict[str, LocalRecord] = OrderedDict()
         self._queue: list[LocalRecord] = []
         self._extend_batch: Any = None
@@ -148,7 +154,8 @@ class LocalPrefill:
         rid = str(req.rid)
         if rid in self._records and self._records[rid].state in (LocalState.QUEUED, LocalState.EXTENDING):
             raise LocalTransitionError(f"{rid} is already a local request in state {self._records[rid].state.value}")
-        record = LocalRecord(rid, decode_prefix_len, num_uncached, not_before_s=not_before_s, req=req)
+        record = LocalRecord(rid, decode_prefix_len, num_uncached, not_before_s=not_before_s, req=req,
+                             queued_at_s=self._clock())
         self._records.pop(rid, None)
         self._records[rid] = record
         self._queue.append(record)
@@ -181,6 +188,7 @@ class LocalPrefill:
         for record in chosen:
             self._move(record, LocalState.EXTENDING)
             self._queue.remove(record)
+            record.extend_at_s = self._clock()
         self._extending = chosen
         self._extended_since_decode = True
         self._publish_queued()
@@ -212,6 +220,7 @@ class LocalPrefill:
         for record in records:
             self._move(record, LocalState.JOINED)
             record.req = None
+            record.joined_at_s = self._clock()
         self.counters.add("local_prefill_extends_total")
         self.counters.add("local_prefill_tokens_total", sum(r.num_uncached for r in records))
         self._extend_batch, self._extending = None, []
@@ -287,7 +296,9 @@ class LocalPrefill:
             "fallbacks": {r.value: count(f"local_prefill_fallback_{r.value}_total") for r in FallbackReason},
             "num_queued": len(self._queue), "num_extending": len(self._extending),
             "requests": {r.rid: {"state": r.state.value, "decode_prefix_len": r.decode_prefix_len,
-                                 "num_uncached": r.num_uncached, "abort_seen": r.abort_seen} for r in recent},
+                                 "num_uncached": r.num_uncached, "abort_seen": r.abort_seen,
+                                 "queued_ms": _ms(r.queued_at_s, r.extend_at_s),
+                                 "extend_to_join_ms": _ms(r.extend_at_s, r.joined_at_s)} for r in recent},
         }
 
     # ---- internals -------------------------------------------------------------------------------
@@ -306,3 +317,7 @@ class LocalPrefill:
             if self._records[oldest].state not in done:
                 break  # never forget a live request
             del self._records[oldest]
+
+
+def _ms(start: float | None, end: float | None) -> float | None:
+    return None if start is None or end is None else round(1000 * (end - start), 3)
