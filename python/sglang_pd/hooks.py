@@ -2,6 +2,8 @@
 
 Adding a hook anywhere else is a bug: `plugin.register()` applies exactly this table, and the unit
 tier checks that every target still resolves in the pinned SGLang and that hook signatures match.
+`REGISTRY_TABLE` lists the names we add to SGLang's own registries (nothing patched: SGLang looks
+the name up itself), e.g. our attention backend.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Callable
 from sglang_pd import http_routes
 from sglang_pd.process_state import ProcessKind
 from sglang_pd.srt import scheduler_hooks
+from sglang_pd.srt.hooks import attention_backend
 from sglang_pd.srt.disaggregation import (decode_hooks, nixl_host_memory, prefill_hooks, request_fields,
                                            retraction_hooks, round_hooks, slo_hooks)
 from sglang_pd.srt.mem_cache import checkpoint_hooks, ledger_hooks
@@ -158,3 +161,33 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
 def hooks_for(kind: ProcessKind) -> tuple[HookSpec, ...]:
     """The rows of HOOK_TABLE applied in a process of `kind` (read-only)."""
     return tuple(spec for spec in HOOK_TABLE if spec.process is kind)
+
+
+@dataclass(frozen=True)
+class RegistrySpec:
+    """One name we add to an upstream registry (`target`, a module attribute) by calling `add()`."""
+
+    target: str
+    add: Callable[[], None]  # idempotent
+    processes: tuple[ProcessKind, ...]
+    why: str
+
+
+REGISTRY_TABLE: tuple[RegistrySpec, ...] = (
+    # ---- shared-prefix decode attention (issue 17; srt/hooks/attention_backend.py) ----
+    RegistrySpec(
+        "sglang.srt.arg_groups.choices.ATTENTION_BACKEND_CHOICES", attention_backend.register_backend_choice,
+        (ProcessKind.HTTP, ProcessKind.SCHEDULER),
+        "accept --attention-backend / --decode-attention-backend sglang_pd_shared_prefix (the HTTP process "
+        "loads plugins before it parses arguments)"),
+    RegistrySpec(
+        "sglang.srt.layers.attention.attention_registry.ATTENTION_BACKENDS", attention_backend.register_backend_factory,
+        (ProcessKind.SCHEDULER,),
+        "the model runner builds sglang_pd_shared_prefix by name: decode by shared physical prefix around "
+        "TorchNativeAttnBackend"),
+)
+
+
+def registrations_for(kind: ProcessKind) -> tuple[RegistrySpec, ...]:
+    """The rows of REGISTRY_TABLE applied in a process of `kind` (read-only)."""
+    return tuple(spec for spec in REGISTRY_TABLE if kind in spec.processes)

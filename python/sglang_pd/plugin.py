@@ -52,11 +52,14 @@ def register() -> None:
 
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from sglang_pd.hooks import hooks_for
+    from sglang_pd.hooks import hooks_for, registrations_for
 
     specs = hooks_for(STATE.kind)
     for spec in specs:
         HookRegistry.register(spec.target, spec.fn, HookType[spec.hook_type])
         STATE.applied_hooks.append(f"{spec.hook_type} {spec.target}")
+    for entry in registrations_for(STATE.kind):
+        entry.add()
+        STATE.applied_hooks.append(f"REGISTER {entry.target}")
     _log(f"sglang_pd {sglang_pd.__version__} active in {STATE.kind.value} process; hooks: "
          + (", ".join(STATE.applied_hooks) or "none"))

@@ -15,6 +15,7 @@ from sglang_pd.srt.disaggregation.admission_round import AdmissionRound
 from sglang_pd.srt.disaggregation.decode_admission import DecodePrefixAdmission
 from sglang_pd.srt.disaggregation.prefill_transfer_log import PrefillTransferLog
 from sglang_pd.srt.disaggregation.radix_resume import RadixResume
+from sglang_pd.srt.disaggregation.shared_attention_stats import SharedAttentionStats
 from sglang_pd.srt.disaggregation.slo_controller import SloController
 from sglang_pd.srt.fault_injection import FaultPlan
 from sglang_pd.srt.mem_cache.lock_ledger import LockLedger
@@ -72,12 +73,14 @@ class ProcessState:
     num_retracted: int = 0
     counters: PDCounters = field(default_factory=PDCounters)
     slo: SloController = None  # built in __post_init__ from SGLANG_PD_*_TARGET_MS, around counters
+    shared_attention: SharedAttentionStats = None  # built in __post_init__ around counters
 
     def __post_init__(self):
         self.decode_admission = DecodePrefixAdmission(self.lock_ledger, counters=self.counters)
         self.admission_round = AdmissionRound(self.decode_admission, counters=self.counters)
         self.radix_resume = RadixResume(counters=self.counters)
         self.slo = SloController.from_env(counters=self.counters)
+        self.shared_attention = SharedAttentionStats(self.counters)
 
     def count_hook_error(self, hook: str) -> None:
         """Count an exception a hook caught to keep SGLang serving (logged by the hook)."""
@@ -94,7 +97,8 @@ class ProcessState:
         """Registered hooks whose target SGLang's HookRegistry really patched (read-only)."""
         from sglang.srt.plugins.hook_registry import HookRegistry
 
-        return [h for h in self.applied_hooks if h.split(" ", 1)[1] in HookRegistry._patched]
+        return [h for h in self.applied_hooks
+                if h.startswith("REGISTER ") or h.split(" ", 1)[1] in HookRegistry._patched]
 
     def snapshot(self) -> dict:
         """JSON-able view of this process's state (read-only)."""
@@ -113,6 +117,7 @@ class ProcessState:
             "admission_round": self.admission_round.snapshot(),
             "counters": self.counters.snapshot(),
             "slo": self.slo.snapshot(num_recent_steps=512),
+            "shared_attention": self.shared_attention.snapshot(),
         }
 
 

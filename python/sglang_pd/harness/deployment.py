@@ -43,6 +43,7 @@ class DeploymentConfig:
     fault_injection: bool = False  # mount POST /sglang_pd/faults (tests only)
     enable_metrics: bool = True    # SGLang's /metrics (with sglang_pd:* metrics) on every server
     env_overrides: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    decode_attention_backend: str = "torch_native"  # or sglang_pd_shared_prefix (decode servers only)
 
     def __post_init__(self):
         if self.transfer_backend not in TRANSFER_BACKENDS:
@@ -80,11 +81,12 @@ class PDDeployment:
         self.router: ServerProcess | None = None
 
     # ---- argv -------------------------------------------------------------------------------------
-    def _common_args(self, max_total_tokens: int) -> list[str]:
+    def _common_args(self, max_total_tokens: int, attention_backend: str = "torch_native") -> list[str]:
         weights = [] if is_real_model(self.config.model) else ["--load-format", "dummy", "--skip-tokenizer-init"]
         return ["--model-path", str(self.model_dir), *weights, "--host", "127.0.0.1", "--page-size", str(self.config.page_size),
                 "--max-total-tokens", str(max_total_tokens), "--log-level", "warning",
-                *(["--enable-metrics"] if self.config.enable_metrics else []), *cpu_server_args()]
+                *(["--enable-metrics"] if self.config.enable_metrics else []),
+                *cpu_server_args(attention_backend)]
 
     def _prefill_args(self) -> list[str]:
         return [*self._common_args(self.config.prefill_max_total_tokens), "--disaggregation-mode", "prefill",
@@ -95,7 +97,8 @@ class PDDeployment:
     def _decode_args(self) -> list[str]:
         radix = (["--disaggregation-decode-enable-radix-cache"] if self.config.decode_radix
                  else ["--disaggregation-decode-retraction-backup", "cpu_tensor"])
-        return [*self._common_args(self.config.decode_max_total_tokens), "--disaggregation-mode", "decode",
+        return [*self._common_args(self.config.decode_max_total_tokens, self.config.decode_attention_backend),
+                "--disaggregation-mode", "decode",
                 "--disaggregation-transfer-backend", self.config.transfer_backend,
                 "--num-reserved-decode-tokens", str(self.config.num_reserved_decode_tokens),
                 *radix, *self.config.extra_decode_args]

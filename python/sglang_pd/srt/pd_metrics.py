@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sglang_pd.srt.disaggregation.shared_attention_stats import SHARED_ATTENTION_METRICS
+
 PREFIX = "sglang_pd:"
 
 # name -> (kind, help). Kept in one table so README and tests can list them.
@@ -33,6 +35,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "decode_admission_cap": ("gauge", "running requests the ITL target allows at the current mean length"),
     "decode_ttft_seconds_predicted": ("gauge", "predicted time to first token of the latest new request"),
     "early_rejected_requests_total": ("counter", "requests refused at the door for a predicted TTFT over target"),
+    # shared-prefix decode attention (srt/hooks/attention_backend.py; names in shared_attention_stats.py)
+    **SHARED_ATTENTION_METRICS,
 }
 
 
