@@ -8,10 +8,12 @@ the result over their union:
 
 An empty key set is the partial (o = 0, lse = -inf), which the merge leaves out.
 
-Shapes: q [num_queries, num_q_heads, head_dim] already multiplied by the softmax scale; the KV pool
-buffers [pool_tokens, num_kv_heads, head_dim] as SGLang's MHATokenToKVPool holds them; query head h
-reads kv head h // (num_q_heads / num_kv_heads) (GQA/MQA). Math in float32. Pure torch, read-only on
-its inputs except `merge_into`, which updates its accumulators in place.
+Shapes: q [num_queries, num_q_heads, head_dim] already multiplied by the softmax scale; keys and
+values already gathered from the KV pool HEAD-major ([num_kv_heads, ..., tokens, head_dim]): every
+score and output product is then one contiguous batched matmul (measured ~3x faster on CPU than
+reading the pool's token-major rows through strided views); query head h reads kv head
+h // (num_q_heads / num_kv_heads) (GQA/MQA). All tensors float32. Pure torch, read-only on its inputs except `merge_into`, which
+updates its accumulators in place.
 """
 
 from __future__ import annotations
@@ -27,51 +29,39 @@ def _grouped(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
     return q.view(n, num_kv_heads, num_q_heads // num_kv_heads, dim)
 
 
-def _gather(buf: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-    """Rows `slots` of a KV buffer as float32 (one copy; index_select is the fast gather on CPU)."""
-    rows = buf.index_select(0, slots)
-    return rows if rows.dtype == torch.float32 else rows.float()
+def segment_partial(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """All queries of `q` [m, Hq, D] against the same keys [Hkv, n >= 1, D] / values [Hkv, n, Dv].
 
-
-def segment_partial(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
-                    slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """All queries of `q` [m, Hq, D] against the same keys `slots` [n >= 1]: (o [m, Hq, Dv], lse [m, Hq]).
-
-    The segment's K and V are read once for all m queries: one [Hkv, m*G, n] score matrix.
+    Returns (o [m, Hq, Dv], lse [m, Hq]). The segment is read once for all m queries: one
+    [Hkv, m*G, n] score matrix per layer.
     """
     m, num_q_heads, _ = q.shape
-    num_kv_heads = k_buf.shape[1]
+    num_kv_heads = keys.shape[0]
     qg = _grouped(q, num_kv_heads)
     group = qg.shape[2]
     qh = qg.permute(1, 0, 2, 3).reshape(num_kv_heads, m * group, -1)
-    keys = _gather(k_buf, slots).permute(1, 2, 0)      # [Hkv, D, n]
-    values = _gather(v_buf, slots).permute(1, 0, 2)    # [Hkv, n, Dv]
-    scores = torch.matmul(qh, keys)                    # [Hkv, m*G, n]
+    scores = torch.matmul(qh, keys.transpose(1, 2))                          # [Hkv, m*G, n]
     lse = torch.logsumexp(scores, dim=-1)
-    out = torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), values)
+    out = torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), values)        # [Hkv, m*G, Dv]
     out = out.view(num_kv_heads, m, group, -1).permute(1, 0, 2, 3).reshape(m, num_q_heads, -1)
     return out, lse.view(num_kv_heads, m, group).permute(1, 0, 2).reshape(m, num_q_heads)
 
 
-def padded_partial(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, slots: torch.Tensor,
+def padded_partial(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                    bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each query against its own keys: q [b, Hq, D], slots [b, L] (padding masked by `bias`).
+    """Each query against its own keys: q [b, Hq, D], keys [Hkv, b, L, D], values [Hkv, b, L, Dv].
 
-    `bias` [b, 1, 1, L] is 0 on real keys and -inf on padding (None: no padding); every row needs at
+    `bias` [b, 1, L] is 0 on real keys and -inf on padding (None: no padding); every row needs at
     least one real key. Returns (o [b, Hq, Dv], lse [b, Hq]).
     """
     b, num_q_heads, _ = q.shape
-    num_kv_heads = k_buf.shape[1]
-    length = slots.shape[1]
-    qg = _grouped(q, num_kv_heads)                                          # [b, Hkv, G, D]
-    keys = _gather(k_buf, slots.reshape(-1)).view(b, length, num_kv_heads, -1).permute(0, 2, 3, 1)
-    values = _gather(v_buf, slots.reshape(-1)).view(b, length, num_kv_heads, -1).permute(0, 2, 1, 3)
-    scores = torch.matmul(qg, keys)                                         # [b, Hkv, G, L]
+    qh = _grouped(q, keys.shape[0]).transpose(0, 1)                          # [Hkv, b, G, D]
+    scores = torch.matmul(qh, keys.transpose(2, 3))                          # [Hkv, b, G, L]
     if bias is not None:
         scores = scores + bias
     lse = torch.logsumexp(scores, dim=-1)
-    out = torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), values)      # [b, Hkv, G, Dv]
-    return out.reshape(b, num_q_heads, -1), lse.reshape(b, num_q_heads)
+    out = torch.matmul(torch.exp(scores - lse.unsqueeze(-1)), values)        # [Hkv, b, G, Dv]
+    return out.transpose(0, 1).reshape(b, num_q_heads, -1), lse.transpose(0, 1).reshape(b, num_q_heads)
 
 
 def merge_into(out: torch.Tensor, lse: torch.Tensor, index: torch.Tensor, part_out: torch.Tensor,

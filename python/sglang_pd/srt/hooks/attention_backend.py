@@ -22,8 +22,8 @@ import torch
 from sglang_pd.process_state import STATE
 from sglang_pd.srt.disaggregation.prefix_groups import find_prefix_groups
 from sglang_pd.srt.disaggregation.shared_attention_stats import FallbackReason, SharedAttentionStats
-from sglang_pd.srt.disaggregation.shared_prefix_attention import (DEFAULT_MIN_FILL, DecodePlan, build_decode_plan,
-                                                                   shared_prefix_decode)
+from sglang_pd.srt.disaggregation.shared_prefix_attention import (DEFAULT_MIN_FILL, DecodePlan, KVWorkspace,
+                                                                   build_decode_plan, shared_prefix_decode)
 
 BACKEND_NAME = "sglang_pd_shared_prefix"
 # A run shared by >= 2 requests becomes a group only from this many tokens: shorter runs cost more
@@ -107,6 +107,7 @@ class SharedPrefixAttnBackend(_base_class()):
         self.plan: DecodePlan | None = None
         self.batch_fallback: FallbackReason | None = None
         self.planned_batch = None  # the ForwardBatch the plan was built for (a plan never serves another)
+        self.workspace = KVWorkspace()
 
     def init_forward_metadata(self, forward_batch) -> None:
         """Once per forward: the wrapped backend's metadata, and for decode the grouping + plan."""
@@ -127,7 +128,7 @@ class SharedPrefixAttnBackend(_base_class()):
         req_to_token = self.inner.req_to_token_pool.req_to_token
         rows = req_to_token[forward_batch.req_pool_indices.to(req_to_token.device), :max(seq_lens)]
         grouping = find_prefix_groups(rows, seq_lens, self.min_shared_tokens)
-        plan = build_decode_plan(grouping, rows, self.min_fill)
+        plan = build_decode_plan(grouping, rows, self.inner.token_to_kv_pool.head_num, self.min_fill)
         self.stats.on_step(grouping, plan.num_padded_own_tokens)
         return plan
 
@@ -150,7 +151,7 @@ class SharedPrefixAttnBackend(_base_class()):
             pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v)
         q3 = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
         out = shared_prefix_decode(q3, pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id),
-                                   self.plan, layer.scaling)
+                                   self.plan, layer.scaling, self.workspace)
         return out.reshape(q3.shape[0], layer.tp_q_head_num * layer.v_head_dim)
 
     def support_triton(self):
