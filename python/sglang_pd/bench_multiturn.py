@@ -5,6 +5,7 @@
     python -m sglang_pd.bench_multiturn --prefill-url URL --decode-url URL --bootstrap-port P   # attach (one config)
     python -m sglang_pd.bench_multiturn --preset capacity --configs off,on,on+itl,on+itl+reject \
         --itl-target-ms 40 --ttft-target-ms 3000 --pareto-itl-targets 30,60   # SLO comparison + Pareto plot
+    python -m sglang_pd.bench_multiturn --preset capacity --configs off,on,off+shared,on+shared   # decode attention
 
 Each configuration gets its own fresh PD deployment (started, primed with the shared system prompt,
 measured, stopped). Prints a table (TTFT p50/p90/p99, ITL, request and token throughput, decode hit
@@ -51,7 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(PRESETS), default="short")
     p.add_argument("--configs", "--modes", dest="configs", default="off,on",
-                   help="configurations to run, in order, each on a fresh PD pair: off|on[+itl][+reject]")
+                   help="configurations to run, in order, each on a fresh PD pair: off|on[+itl][+reject][+shared]")
     p.add_argument("--itl-target-ms", type=float, help="ITL target: +itl configs run with it; requests are scored on it")
     p.add_argument("--ttft-target-ms", type=float, help="TTFT target: +reject configs run with it; requests scored on it")
     p.add_argument("--pareto-itl-targets", default="",
@@ -114,7 +115,9 @@ def measure(prefill_url, decode_url, bootstrap_port, cfg: WorkloadConfig, label:
     summary = summarize(records, duration, transfer)
     if slo is not None and (slo.ttft_s or slo.itl_s):
         summary.update(slo_figures([r.result for r in records], duration, slo))
-    summary["decode_slo"] = PDDeployment.get_json(decode_url, "/sglang_pd/stats")["schedulers"][0].get("slo")
+    decode_state = PDDeployment.get_json(decode_url, "/sglang_pd/stats")["schedulers"][0]
+    summary["decode_slo"] = decode_state.get("slo")
+    summary["decode_shared_attention"] = decode_state.get("shared_attention")
     return summary, outputs
 
 
@@ -126,7 +129,8 @@ def run_config(config: BenchConfig, args, cfg: WorkloadConfig):
     if args.page_size:
         deploy["page_size"] = args.page_size
     t0 = time.perf_counter()
-    with PDDeployment(DeploymentConfig(decode_radix=config.decode_radix, **deploy)) as dep:
+    with PDDeployment(DeploymentConfig(decode_radix=config.decode_radix,
+                                       decode_attention_backend=config.decode_attention_backend, **deploy)) as dep:
         print(f"[{config.name}] PD pair up in {time.perf_counter() - t0:.0f}s (logs {dep.log_dir})", file=sys.stderr)
         return measure(dep.prefill.url, dep.decodes[0].url, dep.bootstrap_port, cfg, config.name,
                        not args.no_progress, args.slo)
@@ -167,13 +171,16 @@ def main(argv=None) -> int:
     same = None
     if "off" in outputs and "on" in outputs:
         same = sum(outputs["off"][k] == outputs["on"].get(k) for k in outputs["off"])
+    same_vs_off = ({name: sum(outputs["off"][k] == out.get(k) for k in outputs["off"])
+                    for name, out in outputs.items() if name != "off"} if "off" in outputs else {})
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     report = {"preset": args.preset, "machine": machine(), "workload": dataclasses.asdict(cfg),
               "deployment": PRESETS[args.preset][1], "model": args.model, "page_size": args.page_size,
               "transfer_backend": args.transfer_backend, "slo": args.slo.describe(),
               "configs": [dataclasses.asdict(c) for c in args.configs],
-              "results": results, "pareto": pareto, "identical_outputs_off_vs_on": same}
+              "results": results, "pareto": pareto, "identical_outputs_off_vs_on": same,
+              "identical_outputs_vs_off": same_vs_off, "num_outputs": len(outputs.get("off", {}))}
     (out / f"bench_multiturn_{args.preset}.json").write_text(json.dumps(report, indent=2))
     plot(results, str(out / f"bench_multiturn_{args.preset}.png"))
     if all("slo_attainment" in r for r in results.values()):
@@ -183,6 +190,8 @@ def main(argv=None) -> int:
     print(format_table(results))
     if same is not None:
         print(f"\nidentical greedy outputs OFF vs ON: {same}/{len(outputs['off'])}")
+    for name, count in same_vs_off.items():
+        print(f"identical greedy outputs off vs {name}: {count}/{len(outputs['off'])}")
     if pareto:
         _write_pareto(args, results, pareto, out)
     print(f"\nJSON and PNGs in {out}/")

@@ -1,8 +1,9 @@
 """SLO side of the multi-turn benchmark: configurations to compare, SLO attainment, goodput, plots.
 
 A configuration name is `off` or `on` (decode radix cache) optionally followed by `+itl` (decode
-admission under SGLANG_PD_ITL_TARGET_MS) and `+reject` (early rejection under
-SGLANG_PD_TTFT_TARGET_MS), e.g. `off,on,on+itl,on+itl+reject`. A request meets the SLO when it
+admission under SGLANG_PD_ITL_TARGET_MS), `+reject` (early rejection under
+SGLANG_PD_TTFT_TARGET_MS) and `+shared` (decode attention sglang_pd_shared_prefix instead of
+torch_native), e.g. `off,on,on+itl,on+itl+reject,on+shared`. A request meets the SLO when it
 completed, its TTFT <= the TTFT target and its mean inter-token gap (TPOT) <= the ITL target; a
 refused request (503) never does. Goodput = requests meeting the SLO per second of the run.
 """
@@ -15,7 +16,8 @@ from dataclasses import dataclass
 from sglang_pd.bench.report import pyplot
 from sglang_pd.srt.disaggregation.slo_controller import ITL_ENV, TTFT_ENV
 
-_FEATURES = ("itl", "reject")
+_FEATURES = ("itl", "reject", "shared")
+SHARED_BACKEND = "sglang_pd_shared_prefix"  # srt/hooks/attention_backend.BACKEND_NAME (a unit test ties them)
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,7 @@ class BenchConfig:
     name: str
     decode_radix: bool
     env: tuple[tuple[str, str], ...] = ()
+    decode_attention_backend: str = "torch_native"
 
 
 @dataclass(frozen=True)
@@ -47,7 +50,7 @@ def parse_configs(text: str, itl_target_ms: float | None, ttft_target_ms: float 
     for name in [n.strip() for n in text.split(",") if n.strip()]:
         base, *features = name.split("+")
         if base not in ("off", "on") or any(f not in _FEATURES for f in features):
-            raise ValueError(f"unknown configuration {name!r}: use off|on, then optional +itl, +reject")
+            raise ValueError(f"unknown configuration {name!r}: use off|on, then optional +itl, +reject, +shared")
         env = []
         if "itl" in features:
             if itl_target_ms is None:
@@ -57,7 +60,8 @@ def parse_configs(text: str, itl_target_ms: float | None, ttft_target_ms: float 
             if ttft_target_ms is None:
                 raise ValueError(f"configuration {name!r} needs --ttft-target-ms")
             env.append((TTFT_ENV, f"{ttft_target_ms:g}"))
-        configs.append(BenchConfig(name, base == "on", tuple(env)))
+        backend = SHARED_BACKEND if "shared" in features else "torch_native"
+        configs.append(BenchConfig(name, base == "on", tuple(env), backend))
     if not configs:
         raise ValueError("no configuration given")
     return configs
