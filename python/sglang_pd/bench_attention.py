@@ -2,11 +2,13 @@
 
     python -m sglang_pd.bench_attention [--geometry capacity|smollm2] [--batch 64] [--group-sizes 1,4,16,64]
                                         [--prefix-lens 128,1024,4096] [--own-len 128] [--page-size 1]
-                                        [--repeats 5] [--threads 1] [--json PATH]
+                                        [--repeats 5] [--threads 1] [--scatter] [--json PATH]
 
-No server: real SGLang objects only (MHATokenToKVPool with random K/V, ReqToTokenPool, paged allocator
-with a scattered free list, RadixCache; RadixAttention layers), the real TorchNativeAttnBackend
-("plain") and our SharedPrefixAttnBackend around another TorchNativeAttnBackend ("shared").
+No server: real SGLang objects only (MHATokenToKVPool with random K/V, ReqToTokenPool, paged allocator,
+RadixCache; RadixAttention layers), the real TorchNativeAttnBackend ("plain") and our
+SharedPrefixAttnBackend around another TorchNativeAttnBackend ("shared"). The allocator hands out
+pages in pool order, as a fresh server does; --scatter shuffles its free pages first (a long-running
+server's free list), which makes every gather slower for both backends.
 
 Workload per cell (group size g, prefix P): --batch running requests in batch/g groups; each group's
 prompt prefix of P tokens is cached in the radix tree and every member's row starts with the slots
@@ -59,7 +61,7 @@ def build_world(args, group_size: int, prefix_len: int) -> DecodeWorld:
     pages = lambda n: -(-n // args.page_size) * args.page_size  # noqa: E731
     pool = sum(pages(n + 1) for n in own_lens) + (args.batch // group_size) * pages(prefix_len) + args.page_size
     world = DecodeWorld(GEOMETRIES[args.geometry], args.page_size, pool, args.batch,
-                        pages(prefix_len) + 2 * args.own_len + 2, seed=args.seed)
+                        pages(prefix_len) + 2 * args.own_len + 2, seed=args.seed, shuffle_free_pages=args.scatter)
     for group in range(args.batch // group_size):
         prefix = random_tokens(pages(prefix_len), rng)
         world.cache_prefix(prefix)
@@ -116,6 +118,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--threads", type=int, default=1, help="torch threads (servers here run with 1)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scatter", action="store_true", help="shuffle the allocator's free pages (scattered slots)")
     p.add_argument("--json", help="write the cells and settings here")
     args = p.parse_args(argv)
     args.group_sizes = [int(g) for g in args.group_sizes.split(",")]
@@ -138,6 +141,7 @@ def main(argv=None) -> int:
     geometry = GEOMETRIES[args.geometry]
     print(f"\nbench_attention geometry={args.geometry} {asdict(geometry)} page_size={args.page_size} "
           f"batch={args.batch} own_len~{args.own_len} threads={args.threads} repeats={args.repeats} "
+          f"free pages {'scattered' if args.scatter else 'in pool order'} "
           f"({platform.machine()}, {torch.get_num_threads()} torch thread(s))\n")
     print(format_table(cells))
     if args.json:

@@ -41,7 +41,7 @@ class DecodeWorld:
     """Real pools + both backends for one geometry and page size. Single-threaded; mutates its pools."""
 
     def __init__(self, geometry: Geometry, page_size: int, pool_tokens: int, max_requests: int,
-                 max_context: int, seed: int = 0, shuffle_free_pages: bool = True):
+                 max_context: int, seed: int = 0, shuffle_free_pages: bool = False):
         from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
         from sglang.srt.layers.radix_attention import RadixAttention
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool

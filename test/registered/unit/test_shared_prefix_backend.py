@@ -190,3 +190,10 @@ def test_registered_by_name_and_refused_where_it_cannot_serve():
                             (dict(token_to_kv_pool=object()), "KV pool object")):
         with pytest.raises(ValueError, match=message):
             ab.create_backend(SimpleNamespace(**{**vars(runner), **change}))
+
+
+def test_metric_names_stay_distinct_once_prometheus_drops_the_total_suffix():
+    from sglang_pd.srt.pd_metrics import METRICS
+
+    exported = [name.removesuffix("_total") if kind == "counter" else name for name, (kind, _) in METRICS.items()]
+    assert len(exported) == len(set(exported))

@@ -31,7 +31,8 @@ def fallback_metric(reason: FallbackReason) -> str:
 # name -> (kind, help); merged into pd_metrics.METRICS.
 SHARED_ATTENTION_METRICS: dict[str, tuple[str, str]] = {
     "shared_attn_decode_steps_total": ("counter", "decode forwards planned by the shared-prefix attention backend"),
-    "shared_attn_groups": ("gauge", "prefix groups (shared KV segments, nested ones included) in the latest decode step"),
+    "shared_attn_groups_last_step": (
+        "gauge", "prefix groups (shared KV segments, nested ones included) in the latest decode step"),
     "shared_attn_groups_total": ("counter", "prefix groups summed over decode steps"),
     "shared_attn_grouped_requests_total": ("counter", "requests that read a shared segment, summed over decode steps"),
     "shared_attn_shared_tokens_total": ("counter", "KV tokens read once for a whole group, summed over steps (per layer)"),
@@ -77,7 +78,7 @@ class SharedAttentionStats:
         add("shared_attn_shared_tokens_total", step.num_shared_tokens)
         add("shared_attn_kv_reads_saved_tokens_total", step.num_reads_saved)
         add("shared_attn_own_tokens_total", num_own_tokens)
-        self.counters.set("shared_attn_groups", step.num_groups)
+        self.counters.set("shared_attn_groups_last_step", step.num_groups)
         self.last_step = step
         return step
 

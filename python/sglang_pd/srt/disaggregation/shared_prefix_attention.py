@@ -27,7 +27,7 @@ import torch
 from sglang_pd.srt.disaggregation.attention_partials import merge_into, padded_partial, segment_partial
 from sglang_pd.srt.disaggregation.prefix_groups import PrefixGrouping
 
-DEFAULT_MIN_FILL = 0.5
+DEFAULT_MIN_FILL = 0.8
 
 
 @dataclass(frozen=True)
