@@ -78,7 +78,8 @@ SCENARIOS = {f.__name__: f for f in (no_sharing, one_group, several_groups, mid_
 
 
 def _world(geometry: str, page_size: int, seed: int = 0) -> DecodeWorld:
-    return DecodeWorld(GEOMETRIES[geometry], page_size, pool_tokens=4096, max_requests=8, max_context=512, seed=seed)
+    return DecodeWorld(GEOMETRIES[geometry], page_size, pool_tokens=4096, max_requests=8, max_context=512, seed=seed,
+                       shuffle_free_pages=True)  # scattered pages: rows are not runs of consecutive slots
 
 
 def _max_diff(world: DecodeWorld, steps: int = 2) -> float:
