@@ -107,6 +107,25 @@ def format_table(cells: list[Cell]) -> str:
     return "\n".join([head, "-" * len(head), *rows])
 
 
+def plot(cells: list[Cell], path: str) -> None:
+    """PNG: plain / shared step-time ratio against the shared prefix length, one line per group size."""
+    from sglang_pd.bench.report import pyplot
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for group_size in sorted({c.group_size for c in cells}):
+        row = sorted((c.prefix_len, c.ratio) for c in cells if c.group_size == group_size)
+        ax.plot([p for p, _ in row], [r for _, r in row], marker="o", label=f"{group_size} per group")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set(xscale="log", xlabel="shared prefix (tokens)", ylabel="plain / shared step time",
+           title="decode attention per step: torch_native / shared-prefix")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--geometry", choices=sorted(GEOMETRIES), default="capacity")
@@ -119,7 +138,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads (servers here run with 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scatter", action="store_true", help="shuffle the allocator's free pages (scattered slots)")
-    p.add_argument("--json", help="write the cells and settings here")
+    p.add_argument("--json", help="write the cells and settings here (and a PNG of the ratios beside it)")
     args = p.parse_args(argv)
     args.group_sizes = [int(g) for g in args.group_sizes.split(",")]
     args.prefix_lens = [int(n) for n in args.prefix_lens.split(",")]
@@ -149,6 +168,7 @@ def main(argv=None) -> int:
         settings = {k: v for k, v in vars(args).items() if k != "json"}
         Path(args.json).write_text(json.dumps({"settings": settings, "geometry": asdict(geometry),
                                                "cells": [asdict(c) for c in cells]}, indent=2))
+        plot(cells, str(Path(args.json).with_suffix(".png")))
     return 0
 
 

@@ -30,7 +30,7 @@ from tqdm import tqdm
 
 from sglang_pd.bench.multiturn_workload import WorkloadConfig, run_workload, system_prompt
 from sglang_pd.bench.pd_client import pd_stream
-from sglang_pd.bench.report import format_table, plot, summarize
+from sglang_pd.bench.report import format_table, plot, plot_summary, summarize
 from sglang_pd.bench.slo import BenchConfig, SloTargets, parse_configs, plot_pareto, plot_slo, slo_figures
 from sglang_pd.harness import DeploymentConfig, PDDeployment
 
@@ -183,6 +183,7 @@ def main(argv=None) -> int:
               "identical_outputs_vs_off": same_vs_off, "num_outputs": len(outputs.get("off", {}))}
     (out / f"bench_multiturn_{args.preset}.json").write_text(json.dumps(report, indent=2))
     plot(results, str(out / f"bench_multiturn_{args.preset}.png"))
+    plot_summary(results, str(out / f"bench_multiturn_{args.preset}_summary.png"))
     if all("slo_attainment" in r for r in results.values()):
         plot_slo(results, str(out / f"bench_multiturn_{args.preset}_slo.png"))
     print(f"\nbench_multiturn preset={args.preset} backend={args.transfer_backend} on {machine()}")
