@@ -157,6 +157,16 @@ def _write_pareto(args, results: dict, pareto: dict, out: Path) -> None:
     print("\nPareto (TTFT p50 s, ITL p50 ms): " + "; ".join(f"{lbl}: {t:.3f}, {i:.1f}" for lbl, t, i in pts))
 
 
+def identical_outputs(outputs: dict[str, dict]) -> dict:
+    """Greedy outputs of every configuration compared with the reference (`off`, else the first run)."""
+    if not outputs:
+        return {"reference": None, "num_outputs": 0, "counts": {}}
+    ref = "off" if "off" in outputs else next(iter(outputs))
+    return {"reference": ref, "num_outputs": len(outputs[ref]),
+            "counts": {name: sum(outputs[ref][k] == out.get(k) for k in outputs[ref])
+                       for name, out in outputs.items() if name != ref}}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     cfg = workload_config(args)
@@ -171,8 +181,7 @@ def main(argv=None) -> int:
     same = None
     if "off" in outputs and "on" in outputs:
         same = sum(outputs["off"][k] == outputs["on"].get(k) for k in outputs["off"])
-    same_vs_off = ({name: sum(outputs["off"][k] == out.get(k) for k in outputs["off"])
-                    for name, out in outputs.items() if name != "off"} if "off" in outputs else {})
+    identical = identical_outputs(outputs)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     report = {"preset": args.preset, "machine": machine(), "workload": dataclasses.asdict(cfg),
@@ -180,7 +189,7 @@ def main(argv=None) -> int:
               "transfer_backend": args.transfer_backend, "slo": args.slo.describe(),
               "configs": [dataclasses.asdict(c) for c in args.configs],
               "results": results, "pareto": pareto, "identical_outputs_off_vs_on": same,
-              "identical_outputs_vs_off": same_vs_off, "num_outputs": len(outputs.get("off", {}))}
+              "identical_outputs": identical}
     (out / f"bench_multiturn_{args.preset}.json").write_text(json.dumps(report, indent=2))
     plot(results, str(out / f"bench_multiturn_{args.preset}.png"))
     plot_summary(results, str(out / f"bench_multiturn_{args.preset}_summary.png"))
@@ -191,8 +200,8 @@ def main(argv=None) -> int:
     print(format_table(results))
     if same is not None:
         print(f"\nidentical greedy outputs OFF vs ON: {same}/{len(outputs['off'])}")
-    for name, count in same_vs_off.items():
-        print(f"identical greedy outputs off vs {name}: {count}/{len(outputs['off'])}")
+    for name, count in identical["counts"].items():
+        print(f"identical greedy outputs {identical['reference']} vs {name}: {count}/{identical['num_outputs']}")
     if pareto:
         _write_pareto(args, results, pareto, out)
     print(f"\nJSON and PNGs in {out}/")

@@ -42,3 +42,12 @@ def test_shared_config_selects_the_backend_on_decode_only():
     dep = PDDeployment(DeploymentConfig(decode_attention_backend=BACKEND_NAME, with_plain=True))
     backend_of = {s.name: s.argv[s.argv.index("--attention-backend") + 1] for s in dep.servers}
     assert backend_of == {"prefill": "torch_native", "decode0": BACKEND_NAME, "plain": "torch_native"}
+
+
+def test_identical_outputs_are_counted_against_off_or_the_first_configuration():
+    from sglang_pd.bench_multiturn import identical_outputs
+
+    outputs = {"on": {(0, 0): [1, 2], (0, 1): [3]}, "on+shared": {(0, 0): [1, 2], (0, 1): [4]}}
+    assert identical_outputs(outputs) == {"reference": "on", "num_outputs": 2, "counts": {"on+shared": 1}}
+    outputs["off"] = {(0, 0): [1, 2], (0, 1): [3]}
+    assert identical_outputs(outputs)["counts"] == {"on": 2, "on+shared": 1}
