@@ -117,13 +117,22 @@ def plot(cells: list[Cell], path: str) -> None:
         row = sorted((c.prefix_len, c.ratio) for c in cells if c.group_size == group_size)
         ax.plot([p for p, _ in row], [r for _, r in row], marker="o", label=f"{group_size} per group")
     ax.axhline(1.0, color="grey", linewidth=0.8)
+    prefixes = sorted({c.prefix_len for c in cells})
     ax.set(xscale="log", xlabel="shared prefix (tokens)", ylabel="plain / shared step time",
            title="decode attention per step: torch_native / shared-prefix")
+    ax.set_xticks(prefixes, [str(p) for p in prefixes])
+    ax.minorticks_off()
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def replot(json_path: str) -> None:
+    """Redraw the PNG beside a JSON this module wrote (no measurement)."""
+    cells = [Cell(**c) for c in json.loads(Path(json_path).read_text())["cells"]]
+    plot(cells, str(Path(json_path).with_suffix(".png")))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
