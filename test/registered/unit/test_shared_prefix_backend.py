@@ -186,9 +186,14 @@ def test_registered_by_name_and_refused_where_it_cannot_serve():
     backend = ATTENTION_BACKENDS[ab.BACKEND_NAME](runner)
     assert isinstance(backend, ab.SharedPrefixAttnBackend)
     assert STATE.shared_attention.snapshot()["backend"] == ab.BACKEND_NAME
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    fp8_pool = MHATokenToKVPool(size=64, page_size=1, dtype=torch.float8_e4m3fn, head_num=4, head_dim=64,
+                                layer_num=1, device="cpu", enable_memory_saver=False)
     for change, message in ((dict(device="cuda"), "only the CPU implementation"),
                             (dict(use_mla_backend=True), "MLA"),
-                            (dict(token_to_kv_pool=object()), "KV pool object")):
+                            (dict(token_to_kv_pool=object()), "KV pool object"),
+                            (dict(token_to_kv_pool=fp8_pool), "quantised KV")):
         with pytest.raises(ValueError, match=message):
             ab.create_backend(SimpleNamespace(**{**vars(runner), **change}))
 

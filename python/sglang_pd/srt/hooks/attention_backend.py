@@ -11,13 +11,15 @@ The backend wraps SGLang's `TorchNativeAttnBackend` (built from the same model r
   (`FallbackReason`: sliding-window layers, cross attention, logit cap, encoder tokens, hybrid SWA pool).
 
 Refused at start-up (ValueError naming the flag): a device other than CPU (the GPU form is a plan
-in README), torch.compile / CPU graphs, MLA models, and KV pools other than MHATokenToKVPool /
-SWAKVPool (other layouts or quantised KV). Logic lives in srt/disaggregation; this file stays thin.
+in README), torch.compile / CPU graphs, MLA models, KV pools other than MHATokenToKVPool /
+SWAKVPool, quantised (fp8) KV, and KV buffers not laid out [tokens, kv heads, head_dim]. Logic
+lives in srt/disaggregation; this file stays thin.
 """
 
 from __future__ import annotations
 
 import torch
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from sglang_pd.process_state import STATE
 from sglang_pd.srt.disaggregation.prefix_groups import find_prefix_groups
@@ -29,6 +31,7 @@ BACKEND_NAME = "sglang_pd_shared_prefix"
 # A run shared by >= 2 requests becomes a group only from this many tokens: shorter runs cost more
 # in per-group work than they save in KV reads (bench_attention).
 MIN_SHARED_TOKENS = 16
+_KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def register_backend_choice() -> None:
@@ -59,8 +62,15 @@ def unsupported_runner(runner) -> str | None:
         return "--enable-torch-compile (CPU graphs): the backend runs eagerly only"
     if runner.use_mla_backend:
         return "MLA models: the backend reads MHA KV pools only"
-    if type(runner.token_to_kv_pool) not in (MHATokenToKVPool, SWAKVPool):
-        return f"KV pool {type(runner.token_to_kv_pool).__name__}: only MHATokenToKVPool / SWAKVPool layouts are read"
+    pool = runner.token_to_kv_pool
+    if type(pool) not in (MHATokenToKVPool, SWAKVPool):
+        return f"KV pool {type(pool).__name__}: only MHATokenToKVPool / SWAKVPool layouts are read"
+    if pool.dtype not in _KV_DTYPES:
+        return f"KV cache dtype {pool.dtype}: quantised KV is not read (float32/float16/bfloat16 only)"
+    if isinstance(pool, MHATokenToKVPool):
+        keys = pool.get_key_buffer(pool.start_layer)
+        if keys.dim() != 3 or keys.shape[1] != pool.head_num:
+            return f"KV buffer of shape {tuple(keys.shape)}: expected [tokens, {pool.head_num} heads, head_dim]"
     return None
 
 
@@ -88,13 +98,7 @@ def _layer_fallback(layer) -> FallbackReason | None:
     return None
 
 
-def _base_class():
-    from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
-
-    return AttentionBackend
-
-
-class SharedPrefixAttnBackend(_base_class()):
+class SharedPrefixAttnBackend(AttentionBackend):
     """SGLang AttentionBackend: shared-prefix decode, everything else by the wrapped `inner` backend."""
 
     def __init__(self, inner, stats: SharedAttentionStats, min_shared_tokens: int = MIN_SHARED_TOKENS,
