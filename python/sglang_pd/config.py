@@ -22,6 +22,7 @@ BATCHED_EVICTION = f"{PREFIX}BATCHED_EVICTION"
 MODEL_DIR = f"{PREFIX}MODEL_DIR"
 ITL_TARGET_MS = f"{PREFIX}ITL_TARGET_MS"
 TTFT_TARGET_MS = f"{PREFIX}TTFT_TARGET_MS"
+TEST_LOGS = f"{PREFIX}TEST_LOGS"
 
 
 class SettingsError(ValueError):
@@ -91,6 +92,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(TTFT_TARGET_MS, "ttft_target_s", None,
             "decode: refuse a new request at once (HTTP 503 + Retry-After) when its predicted time to "
             "first token exceeds this many ms", _positive("milliseconds", 1e-3)),
+    Setting(TEST_LOGS, "test_logs", None,
+            "tests only: folder where the integration tier keeps server logs (default /tmp/sglang_pd-test-logs)",
+            _folder),
 )
 
 
@@ -105,6 +109,7 @@ class Settings:
     model_dir: Path | None = None
     itl_target_s: float | None = None
     ttft_target_s: float | None = None
+    test_logs: Path | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":

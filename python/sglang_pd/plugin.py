@@ -3,8 +3,9 @@
 SGLang calls `register()` in every process it starts (HTTP server, each scheduler, detokenizer,
 DP controller). We parse the settings once, build this process's objects (`srt/state.py`) and register
 only the hook-table rows meant for this process; SGLang's `HookRegistry.apply_hooks()` then patches
-them. On any SGLang version other than the pinned one, or with a bad setting, we log and register
-nothing, so an upgrade cannot silently run half-patched.
+them. On any SGLang version other than the pinned one we log one line and register nothing, so an
+upgrade cannot silently run half-patched. A bad or unknown `SGLANG_PD_*` setting stops the process at
+start with one line naming it: a server must not run without the guards its operator configured.
 """
 
 from __future__ import annotations
@@ -51,10 +52,9 @@ def register() -> None:
     try:
         settings = Settings.from_env()
     except SettingsError as exc:
-        for problem in exc.problems:
-            _log(f"bad setting: {problem}")
-        _refuse("bad settings: " + "; ".join(exc.problems) + "; plugin NOT active")
-        return
+        line = "refusing to start: bad setting: " + "; ".join(exc.problems)
+        _refuse(line)
+        raise SystemExit(f"[sglang_pd] {line}") from None
 
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 

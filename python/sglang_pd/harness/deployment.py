@@ -57,6 +57,17 @@ def router_metrics_args() -> list[str]:
     return ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
 
 
+def _recorded_faults(report: dict) -> dict:
+    """Hook errors and double / unknown lock releases a scheduler report shows (empty when none)."""
+    ledger = report.get("lock_ledger") or {}
+    found = {"hook_errors": report.get("hook_errors"),
+             "double_releases": ledger.get("num_double_releases"),
+             "unknown_releases": ledger.get("num_unknown_releases")}
+    if "error" in report:
+        found["snapshot_error"] = report["error"]
+    return {k: v for k, v in found.items() if v}
+
+
 def new_bootstrap_room(rng: random.Random | None = None) -> int:
     """A random bootstrap room id (63-bit, as SGLang's router uses)."""
     return (rng or random).randrange(1, 2**63 - 1)
@@ -267,17 +278,21 @@ class PDDeployment:
     def wait_clean(self, timeout_s: float = 90.0, servers: list[ServerProcess] | None = None) -> dict[str, dict]:
         """Wait until every PD server (or `servers`) is idle with a passing integrity check.
 
-        Returns their reports; raises AssertionError with the last reports if time runs out.
+        Also required, at once (they never go back down): no hook error, no double and no unknown lock
+        release on any server. Returns their reports; raises AssertionError naming what is not clean.
         """
         deadline = time.monotonic() + timeout_s
         servers = servers or [self.prefill, *self.decodes]
         while True:
             reports = {s.name: self.scheduler_state(s) for s in servers}
+            faults = {n: problems for n, r in reports.items() if (problems := _recorded_faults(r))}
+            if faults:
+                raise AssertionError(f"plugin faults recorded: {faults}")
             if all((r.get("integrity") or {}).get("idle") and r["integrity"]["ok"] for r in reports.values()):
                 return reports
             if time.monotonic() > deadline:
-                summary = {n: {"integrity": r.get("integrity"), "lock_ledger": r.get("lock_ledger")}
-                           for n, r in reports.items()}
+                summary = {n: {"integrity": r.get("integrity"), "lock_ledger": r.get("lock_ledger"),
+                               "queues": r.get("queues")} for n, r in reports.items()}
                 raise AssertionError(f"deployment not clean after {timeout_s}s: {summary}")
             time.sleep(0.5)
 

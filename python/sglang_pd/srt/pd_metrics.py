@@ -16,12 +16,12 @@ PREFIX = "sglang_pd:"
 # name -> (kind, help). One table: README, tests and the stats views list from it.
 METRICS: dict[str, tuple[str, str]] = {
     # decode admission (srt/disaggregation/decode_admission.py)
-    "decode_prompt_tokens_total": ("counter", "prompt tokens of requests admitted by decode (real requests only)"),
+    "decode_prompt_tokens_total": ("counter", "prompt tokens of requests decode admitted and handed to transfer, once each (real requests only)"),
     "decode_prefix_hit_tokens_total": ("counter", "prompt tokens reused from the decode radix tree (decode_prefix_len)"),
     "decode_pages_saved_total": ("counter", "KV pages not transferred thanks to decode reuse"),
     "decode_admitted_requests_total": ("counter", "admission plans made by decode (warmup and health checks included)"),
     "decode_tree_skipped_requests_total": ("counter", "warmup / health-check requests admitted without touching the tree"),
-    "decode_pages_planned_total": ("counter", "KV pages decode admission planned to receive (real requests)"),
+    "decode_pages_planned_total": ("counter", "KV pages decode asked of prefill for those requests"),
     "decode_handoff_mismatches_total": ("counter", "transfer hand-offs that disagreed with their admission plan"),
     "decode_replans_total": ("counter", "requests admitted again before any hand-off (an earlier attempt was refused)"),
     "decode_stale_locks_released_total": ("counter", "locks of refused admission attempts released before the retry"),
@@ -67,6 +67,11 @@ METRICS: dict[str, tuple[str, str]] = {
     "early_rejection_probes_total": ("counter", "requests let through as probes while the TTFT predictor said refuse"),
 }
 
+# name -> (help, extra label): counters with one more label than role / transfer_backend.
+LABELLED_COUNTERS: dict[str, tuple[str, str]] = {
+    "hook_errors_total": ("exceptions a hook caught to keep SGLang serving (each one also logged)", "hook"),
+}
+
 
 @dataclass
 class PDCounters:
@@ -75,6 +80,7 @@ class PDCounters:
     role: str = "unknown"
     backend: str = "unknown"
     values: dict[str, float] = field(default_factory=lambda: {name: 0 for name in METRICS})
+    labelled: dict[str, dict[str, float]] = field(default_factory=lambda: {name: {} for name in LABELLED_COUNTERS})
     _prom: dict = field(default_factory=dict)
 
     def bind(self, role: str, backend: str) -> None:
@@ -95,6 +101,11 @@ class PDCounters:
                 self._prom[name].inc(self.values[name])
             elif kind == "gauge":
                 self._prom[name].set(self.values[name])
+        for name, (doc, label) in LABELLED_COUNTERS.items():
+            metric = Counter(PREFIX + name.removesuffix("_total"), doc, (*labels, label))
+            self._prom[name] = metric
+            for value, amount in self.labelled[name].items():
+                metric.labels(role, backend, value).inc(amount)
 
     def add(self, name: str, amount: float = 1) -> None:
         """Increase counter `name` by `amount` (>= 0); raises KeyError for a name not in METRICS."""
@@ -103,6 +114,15 @@ class PDCounters:
         self.values[name] += amount
         if name in self._prom:
             self._prom[name].inc(amount)
+
+    def add_labelled(self, name: str, label_value: str, amount: float = 1) -> None:
+        """Increase labelled counter `name` for `label_value` by `amount` (>= 0)."""
+        if amount < 0:
+            raise ValueError(f"counter {name} cannot decrease (got {amount})")
+        values = self.labelled[name]
+        values[label_value] = values.get(label_value, 0) + amount
+        if name in self._prom:
+            self._prom[name].labels(self.role, self.backend, label_value).inc(amount)
 
     def set(self, name: str, value: float) -> None:
         """Set gauge `name`."""
@@ -118,4 +138,5 @@ class PDCounters:
 
     def snapshot(self) -> dict:
         """JSON-able counter values with their labels."""
-        return {"role": self.role, "transfer_backend": self.backend, **self.values}
+        return {"role": self.role, "transfer_backend": self.backend, **self.values,
+                **{name: dict(values) for name, values in self.labelled.items()}}

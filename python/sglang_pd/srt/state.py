@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import enum
 import inspect
+import logging
 from dataclasses import dataclass, field
 
 from sglang_pd.config import Settings
@@ -27,6 +28,8 @@ from sglang_pd.srt.mem_cache.lock_ledger import LockLedger
 from sglang_pd.srt.mem_cache.tree_integrity import IntegrityReport
 from sglang_pd.srt.pd_metrics import PDCounters
 
+
+logger = logging.getLogger("sglang_pd.hooks")
 
 INTERNAL_STATE_KEY = "sglang_pd"  # where a scheduler's snapshot rides SGLang's get_internal_state reply
 
@@ -80,12 +83,23 @@ class ProcessState:
     nixl_host_memory: HostMemoryScope
     nixl_stall: StallWatch
     applied_hooks: list[str] = field(default_factory=list)
-    hook_errors: dict[str, int] = field(default_factory=dict)
     last_integrity: IntegrityReport | None = None
 
-    def count_hook_error(self, hook: str) -> None:
-        """Count an exception a hook caught to keep SGLang serving (logged by the hook)."""
-        self.hook_errors[hook] = self.hook_errors.get(hook, 0) + 1
+    def hook_failed(self, hook: str, message: str, *args) -> None:
+        """Count an exception a hook caught to keep SGLang serving (stats `hook_errors`, metric
+        `sglang_pd:hook_errors_total{hook=...}`) and log it: with its traceback the first time for this
+        hook, then one line at the 2nd, 4th, 8th, ... time. Call inside the `except` block."""
+        self.counters.add_labelled("hook_errors_total", hook)
+        num = self.counters.labelled["hook_errors_total"][hook]
+        if num == 1:
+            logger.exception("sglang_pd: hook %s failed: " + message, hook, *args)
+        elif int(num) & (int(num) - 1) == 0:
+            logger.error("sglang_pd: hook %s failed again (%d times so far): " + message, hook, num, *args)
+
+    @property
+    def hook_errors(self) -> dict[str, int]:
+        """Caught hook exceptions per hook name (read-only view of the counters)."""
+        return {hook: int(n) for hook, n in self.counters.labelled["hook_errors_total"].items()}
 
     def record_integrity(self, report: IntegrityReport) -> None:
         """Keep the latest integrity report and count failures."""

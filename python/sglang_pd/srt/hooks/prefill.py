@@ -31,6 +31,5 @@ def around_finalize_bootstrap(original, queue, req):
                                                page_size=page_size,
                                                decode_prefix_len=int(req.disagg_decode_prefix_len))
         except Exception:
-            state.count_hook_error("finalize_bootstrap")
-            logger.exception("sglang_pd: failed to record a prefill bootstrap")
+            state.hook_failed("finalize_bootstrap", "failed to record a prefill bootstrap")
     return finished
