@@ -233,17 +233,17 @@ class PDDeployment:
             return fp.result(), fd.result(), pairing["bootstrap_room"]
 
     def generate_pd(self, input_ids: list[int], max_new_tokens: int = 8, decode_index: int = 0,
-                    room: int | None = None, timeout: float = 300) -> tuple[dict, dict, int]:
+                    room: int | None = None, timeout: float = 300, **extra) -> tuple[dict, dict, int]:
         """Send the request to prefill and decode paired by a bootstrap room, as a router does.
 
-        Returns (prefill_body, decode_body, room).
+        `extra` goes into both bodies (e.g. `rid`). Returns (prefill_body, decode_body, room).
         """
         pairing = self.pairing(room)
         room = pairing["bootstrap_room"]
         with cf.ThreadPoolExecutor(2) as pool:
-            fp = pool.submit(self.generate, self.prefill.url, input_ids, max_new_tokens, timeout, **pairing)
+            fp = pool.submit(self.generate, self.prefill.url, input_ids, max_new_tokens, timeout, **pairing, **extra)
             fd = pool.submit(self.generate, self.decodes[decode_index].url, input_ids, max_new_tokens,
-                             timeout, **pairing)
+                             timeout, **pairing, **extra)
             return fp.result(), fd.result(), room
 
     @staticmethod

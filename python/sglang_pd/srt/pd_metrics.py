@@ -28,7 +28,7 @@ METRICS: dict[str, tuple[str, str]] = {
     # transfer (both sides)
     "kv_pages_transferred_total": ("counter", "KV pages asked of prefill (decode) / handed to the transport (prefill)"),
     "kv_bytes_transferred_total": ("counter", "bytes of those KV pages (pages x bytes per page over all layers)"),
-    # prefill (srt/disaggregation/prefill_transfer_log.py, nixl_stall.py)
+    # prefill (srt/disaggregation/prefill_transfer_log.py, transfer_watch.py)
     "prefill_requests_total": ("counter", "requests whose decode_prefix_len reached prefill"),
     "prefill_prompt_tokens_total": ("counter", "prompt tokens of those requests"),
     "prefill_decode_prefix_tokens_total": ("counter", "decode_prefix_len tokens prefill was told to skip"),
@@ -37,7 +37,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "prefill_rejected_requests_total": ("counter", "requests prefill refused for a bad decode_prefix_len or transfer info"),
     "nixl_pages_total": ("counter", "KV pages NIXL itself was asked to move"),
     "nixl_bytes_total": ("counter", "bytes of those pages"),
-    "nixl_stalls_total": ("counter", "NIXL transfers failed for exceeding SGLANG_PD_NIXL_STALL_TIMEOUT_S"),
+    "nixl_stalls_total": ("counter", "NIXL transfers cancelled and failed for exceeding SGLANG_PD_NIXL_STALL_TIMEOUT_S"),
+    "nixl_uncancellable_stalls_total": ("counter", "stalled NIXL transfers NIXL could not cancel (their room keeps waiting)"),
     # radix tree and lock ledger (srt/mem_cache/)
     "evicted_tokens_total": ("counter", "tokens evicted from the radix tree"),
     "tree_locks_total": ("counter", "radix-tree locks taken (lock ledger)"),
@@ -140,3 +141,15 @@ class PDCounters:
         """JSON-able counter values with their labels."""
         return {"role": self.role, "transfer_backend": self.backend, **self.values,
                 **{name: dict(values) for name, values in self.labelled.items()}}
+
+
+def markdown_table() -> str:
+    """The README's metrics table, generated from METRICS and LABELLED_COUNTERS (read-only)."""
+    rows = ["| metric | type | meaning |", "|---|---|---|"]
+    rows += [f"| `{PREFIX}{name}` | {kind} | {doc} |" for name, (kind, doc) in METRICS.items()]
+    rows += [f"| `{PREFIX}{name}` | counter, label `{label}` | {doc} |" for name, (doc, label) in LABELLED_COUNTERS.items()]
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

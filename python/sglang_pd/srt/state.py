@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from sglang_pd.config import Settings
 from sglang_pd.srt.disaggregation.admission_round import AdmissionRound
 from sglang_pd.srt.disaggregation.decode_admission import DecodePrefixAdmission
-from sglang_pd.srt.disaggregation.nixl_host_memory import HostMemoryScope, StallWatch
+from sglang_pd.srt.disaggregation.nixl_host_memory import HostMemoryScope
+from sglang_pd.srt.disaggregation.transfer_watch import TransferWatch
 from sglang_pd.srt.disaggregation.prefill_transfer_log import PrefillTransferLog
 from sglang_pd.srt.disaggregation.radix_resume import RadixResume
 from sglang_pd.srt.disaggregation.slo_controller import SloController
@@ -81,7 +82,7 @@ class ProcessState:
     faults: FaultPlan
     prefill_log: PrefillTransferLog
     nixl_host_memory: HostMemoryScope
-    nixl_stall: StallWatch
+    transfer_watch: TransferWatch
     applied_hooks: list[str] = field(default_factory=list)
     last_integrity: IntegrityReport | None = None
 
@@ -144,7 +145,7 @@ def build_state(kind: ProcessKind, settings: Settings) -> ProcessState:
         admission_round=AdmissionRound(admission), radix_resume=RadixResume(counters),
         slo=SloController(settings.itl_target_s, settings.ttft_target_s, counters), faults=faults,
         prefill_log=prefill_log, nixl_host_memory=HostMemoryScope(),
-        nixl_stall=StallWatch(settings.nixl_stall_timeout_s, prefill_log, faults))
+        transfer_watch=TransferWatch(settings.nixl_stall_timeout_s, prefill_log, faults))
 
 
 _current: ProcessState | None = None

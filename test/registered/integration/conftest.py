@@ -33,7 +33,12 @@ def _deployment(name: str, config: DeploymentConfig) -> PDDeployment:
     return _started[name]
 
 
-_ENV = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)),)
+# Mooncake blacklists a decode session after one failed transfer and probes it again every 30 s by
+# default; the prefill-side transport failure test needs the pair serving again within seconds.
+SESSION_PROBE_S = 2
+
+_ENV = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)),
+        ("SGLANG_FAILED_SESSION_PROBE_INTERVAL_S", str(SESSION_PROBE_S)))
 
 
 @pytest.fixture(scope="session")

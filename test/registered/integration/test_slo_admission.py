@@ -5,12 +5,14 @@ Retry-After at once, holding no lock or page on decode and nothing on prefill; t
 
 import concurrent.futures as cf
 import random
+import time
 
 import pytest
 
 from sglang_pd.bench.multiturn_workload import WorkloadConfig, run_workload, system_prompt
 from sglang_pd.bench.pd_client import abort_prefill_half, pd_stream
 from sglang_pd.bench.report import percentile
+from lock_checks import assert_lock_held, in_background
 from sglang_pd.harness import DeploymentConfig, PDDeployment
 from sglang_pd.models import VOCAB_SIZE
 
@@ -54,6 +56,35 @@ def test_measured_itl_stays_within_target(pd: PDDeployment):
     assert slo["num_deferred_steps"] > 0  # the cap really bit: memory alone would have admitted them
     assert itl_p50_ms <= ITL_TARGET_MS * 1.25
     pd.wait_clean()
+
+
+def test_abort_of_a_request_the_itl_cap_holds_in_the_waiting_queue(pd: PDDeployment):
+    """Requests whose KV arrived but the ITL cap keeps out of the running batch wait holding their
+    prefix lock and pages; aborting one there releases both."""
+    send = lambda ids, n, rid: pd.post_generate_pd(ids, n, rid=rid, timeout=300)  # noqa: E731
+    rng = random.Random(12)
+    primed = system_prompt(WORKLOAD)  # cached on decode by the previous test: every request locks it
+    rids = [f"held-{i}-{rng.randrange(1 << 30)}" for i in range(10)]
+    jobs = [in_background(send, primed + [rng.randrange(3, VOCAB_SIZE) for _ in range(16)], 160, rid)
+            for rid in rids]
+    deadline, victim = time.monotonic() + 120, None
+    while victim is None:
+        assert time.monotonic() < deadline, "the ITL cap never held one of the requests in the waiting queue"
+        state = pd.scheduler_state(pd.decodes[0])
+        held = [r for r in state["queues"]["waiting"] if r in rids and r in state["lock_ledger"]["owners"]]
+        victim = held[-1] if held else None  # the last one waits longest
+        time.sleep(0.05)
+    assert_lock_held(pd, victim)
+    assert victim in pd.scheduler_state(pd.decodes[0])["queues"]["waiting"], "admitted before the abort"
+    pd.abort(pd.decodes[0], victim)
+    for rid in rids:
+        if rid != victim:
+            pd.abort(pd.decodes[0], rid)  # the rest need not run to the end
+    for job in jobs:
+        job["thread"].join(120)
+    reports = pd.wait_clean()
+    assert victim not in reports["decode0"]["lock_ledger"]["owners"]
+    assert any(r["owner"] == victim for r in reports["decode0"]["lock_ledger"]["recent_releases"])
 
 
 def _fresh_prompt(rng: random.Random, length: int) -> list[int]:

@@ -4,8 +4,20 @@ from __future__ import annotations
 
 from sglang_pd.srt.disaggregation.transfer_info_guard import MOONCAKE
 from sglang_pd.srt.hooks.common_conn import guard_bootstrap_message
+from sglang_pd.srt.state import current
 
 
 def around_handle_abort_notification(original, mgr, msg):
     """Drop (and fail the room of) a malformed mooncake transfer-info message before upstream parses it."""
     return guard_bootstrap_message(original, mgr, msg, MOONCAKE)
+
+
+def around_send_kvcache(original, mgr, mooncake_session_id, prefill_kv_indices, dst_kv_ptrs, dst_kv_indices,
+                        executor, dst_layer_ids=None, dst_device_kv_indices=None, dst_kv_item_len=None,
+                        dst_attn_tp_size=None):
+    """Send as upstream does; a test fault instead reports the failure code a failed transfer returns,
+    so upstream's own prefill failure path runs (room failed, decode told, session probed)."""
+    if current().transfer_watch.take_send_failure():
+        return -1
+    return original(mgr, mooncake_session_id, prefill_kv_indices, dst_kv_ptrs, dst_kv_indices, executor,
+                    dst_layer_ids, dst_device_kv_indices, dst_kv_item_len, dst_attn_tp_size)

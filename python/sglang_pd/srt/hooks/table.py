@@ -91,14 +91,20 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         f"{_DISAGG}.common.utils.FastQueue.get", "AFTER", common_utils.after_queue_get,
         ProcessKind.SCHEDULER, "know which room a NIXL transfer worker serves (for page counts / stalls)"),
     HookSpec(
-        f"{_DISAGG}.nixl.conn.NixlKVManager.send_kvcache", "AFTER", nixl_conn.after_send_kvcache,
-        ProcessKind.SCHEDULER, "count the KV pages NIXL itself was asked to move, per room"),
+        f"{_DISAGG}.nixl.conn.NixlKVManager.send_kvcache", "AROUND", nixl_conn.around_send_kvcache,
+        ProcessKind.SCHEDULER, "count the KV pages NIXL itself was asked to move, per room (test fault: the "
+        "send raises, for upstream's prefill-side failure path)"),
+    HookSpec(
+        f"{_DISAGG}.mooncake.conn.MooncakeKVManager.send_kvcache", "AROUND", mooncake_conn.around_send_kvcache,
+        ProcessKind.SCHEDULER, "tests only: an armed prefill_transfer_fail reports the room's send failed "
+        "(upstream's own prefill-side transport failure path); otherwise passes through"),
     HookSpec(
         f"{_DISAGG}.nixl.conn.NixlKVManager._await_handles", "AROUND", nixl_conn.around_await_handles,
         ProcessKind.SCHEDULER, "arm a stall deadline: upstream waits forever on a transfer that never ends"),
     HookSpec(
-        "nixl._api.nixl_agent.check_xfer_state", "AFTER", nixl_api.after_check_xfer_state,
-        ProcessKind.SCHEDULER, "past the deadline a transfer reads ERR, so upstream fails the room"),
+        "nixl._api.nixl_agent.check_xfer_state", "AROUND", nixl_api.around_check_xfer_state,
+        ProcessKind.SCHEDULER, "past the deadline a transfer is cancelled, then reads ERR, so upstream fails "
+        "the room and tells decode (never while a write may still land)"),
     HookSpec(
         f"{_TREE}.lock", "AFTER", prefix_cache.after_lock, ProcessKind.SCHEDULER,
         "record every tree lock with its owner in the LockLedger"),
