@@ -23,6 +23,7 @@ MODEL_DIR = f"{PREFIX}MODEL_DIR"
 ITL_TARGET_MS = f"{PREFIX}ITL_TARGET_MS"
 TTFT_TARGET_MS = f"{PREFIX}TTFT_TARGET_MS"
 TEST_LOGS = f"{PREFIX}TEST_LOGS"
+MOONCAKE_MAX_BATCH_DESCRIPTORS = f"{PREFIX}MOONCAKE_MAX_BATCH_DESCRIPTORS"
 
 
 class SettingsError(ValueError):
@@ -51,6 +52,12 @@ def _flag(value: str) -> bool:
     if value not in ("0", "1"):
         raise ValueError("must be 0 or 1")
     return value == "1"
+
+
+def _count(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError("must be a whole number >= 1")
+    return int(value)
 
 
 def _folder(value: str) -> Path:
@@ -92,6 +99,9 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(TTFT_TARGET_MS, "ttft_target_s", None,
             "decode: refuse a new request at once (HTTP 503 + Retry-After) when its predicted time to "
             "first token exceeds this many ms", _positive("milliseconds", 1e-3)),
+    Setting(MOONCAKE_MAX_BATCH_DESCRIPTORS, "mooncake_max_batch_descriptors", "512",
+            "mooncake: a transfer batch with more descriptors is sent as consecutive batches of at most this "
+            "many (its TCP transport refuses a batch over its per-peer queue limit: ~2,048 here)", _count),
     Setting(TEST_LOGS, "test_logs", None,
             "tests only: folder where the integration tier keeps server logs (default /tmp/sglang_pd-test-logs)",
             _folder),
@@ -109,6 +119,7 @@ class Settings:
     model_dir: Path | None = None
     itl_target_s: float | None = None
     ttft_target_s: float | None = None
+    mooncake_max_batch_descriptors: int = 512
     test_logs: Path | None = None
 
     @classmethod

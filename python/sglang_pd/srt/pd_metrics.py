@@ -35,6 +35,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "prefill_pages_planned_total": ("counter", "KV pages prefill planned to send past decode_prefix_len"),
     "prefill_pages_sent_unknown_room_total": ("counter", "KV pages sent for a room prefill has no record of"),
     "prefill_rejected_requests_total": ("counter", "requests prefill refused for a bad decode_prefix_len or transfer info"),
+    "mooncake_split_batches_total": ("counter", "mooncake transfer batches over the descriptor limit, sent in parts"),
     "nixl_pages_total": ("counter", "KV pages NIXL itself was asked to move"),
     "nixl_bytes_total": ("counter", "bytes of those pages"),
     "nixl_stalls_total": ("counter", "NIXL transfers cancelled and failed for exceeding SGLANG_PD_NIXL_STALL_TIMEOUT_S"),

@@ -95,6 +95,10 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         ProcessKind.SCHEDULER, "count the KV pages NIXL itself was asked to move, per room (test fault: the "
         "send raises, for upstream's prefill-side failure path)"),
     HookSpec(
+        f"{_DISAGG}.mooncake.conn.MooncakeKVManager._transfer_data", "AROUND", mooncake_conn.around_transfer_data,
+        ProcessKind.SCHEDULER, "split a batch over SGLANG_PD_MOONCAKE_MAX_BATCH_DESCRIPTORS: mooncake's TCP "
+        "transport refuses batches over its per-peer queue limit (page 1, many layers, fragmented pool)"),
+    HookSpec(
         f"{_DISAGG}.mooncake.conn.MooncakeKVManager.send_kvcache", "AROUND", mooncake_conn.around_send_kvcache,
         ProcessKind.SCHEDULER, "tests only: an armed prefill_transfer_fail reports the room's send failed "
         "(upstream's own prefill-side transport failure path); otherwise passes through"),
