@@ -52,9 +52,8 @@ def register() -> None:
     try:
         settings = Settings.from_env()
     except SettingsError as exc:
-        line = "refusing to start: bad setting: " + "; ".join(exc.problems)
-        _refuse(line)
-        raise SystemExit(f"[sglang_pd] {line}") from None
+        _refuse("refusing to start: bad setting: " + "; ".join(exc.problems))
+        raise SystemExit(2) from None  # the line above says why
 
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 

@@ -105,6 +105,7 @@ class ProcessState:
     def record_integrity(self, report: IntegrityReport) -> None:
         """Keep the latest integrity report and count failures."""
         self.last_integrity = report
+        self.counters.add("integrity_checks_total")
         if not report.ok:
             self.counters.add("integrity_failures_total")
 

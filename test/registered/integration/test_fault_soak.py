@@ -59,9 +59,9 @@ def _conversation(dep: PDDeployment, conv_id: int, stats: dict, lock: threading.
                 if not _try(lambda: dep.arm_faults(side, **{fault: room})):
                     _count(stats, lock, "unserved")  # prefill is down (the crash below)
                     continue
-                _, resp, _ = dep.post_generate_pd(prompt, NEW_TOKENS, room=room)
+                resp = _send(dep, prompt, room=room)
                 _count(stats, lock, "faults_injected")
-                assert resp.status_code >= 400, f"injected {fault} not reported: {resp.text}"
+                assert resp is None or resp.status_code >= 400, f"injected {fault} not reported: {resp.text}"
                 continue
             if roll < TRANSFER_FAIL_RATE + PREFILL_FAIL_RATE + ABORT_RATE:
                 rid = f"soak-abort-{uuid.uuid4().hex[:10]}"
@@ -74,10 +74,7 @@ def _conversation(dep: PDDeployment, conv_id: int, stats: dict, lock: threading.
                 pool.shutdown()
                 _count(stats, lock, "aborts")
                 continue
-            try:
-                _, decoded, _ = dep.post_generate_pd(prompt, NEW_TOKENS)
-            except requests.RequestException:
-                decoded = None
+            decoded = _send(dep, prompt)
             if decoded is None or decoded.status_code != 200:
                 _count(stats, lock, "unserved")  # during the prefill crash and until decode gave up on it
                 continue
@@ -88,6 +85,14 @@ def _conversation(dep: PDDeployment, conv_id: int, stats: dict, lock: threading.
         if kept is not None:
             context = kept[0] + kept[1]
     return checks
+
+
+def _send(dep: PDDeployment, prompt: list[int], **extra):
+    """The decode half's response, or None when a server dropped the connection (the prefill crash)."""
+    try:
+        return dep.post_generate_pd(prompt, NEW_TOKENS, **extra)[1]
+    except requests.RequestException:
+        return None
 
 
 def _try(fn) -> bool:
