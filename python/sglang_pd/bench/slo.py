@@ -14,7 +14,7 @@ import statistics
 from dataclasses import dataclass
 
 from sglang_pd.bench.report import pyplot
-from sglang_pd.srt.disaggregation.slo_controller import ITL_ENV, TTFT_ENV
+from sglang_pd.config import ITL_TARGET_MS as ITL_ENV, TTFT_TARGET_MS as TTFT_ENV
 
 _FEATURES = ("itl", "reject", "shared")
 SHARED_BACKEND = "sglang_pd_shared_prefix"  # srt/hooks/attention_backend.BACKEND_NAME (a unit test ties them)

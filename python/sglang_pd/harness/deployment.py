@@ -16,7 +16,7 @@ from sglang_pd.harness.cpu_env import cpu_server_args, server_env
 from sglang_pd.harness.server import ServerProcess, ServerStartError, free_port
 from sglang_pd.launch_router import wait_registered
 from sglang_pd.models import DEFAULT_MODEL, ensure_model_dir, is_real_model
-from sglang_pd.srt.fault_injection import ENABLE_ENV as FAULT_ENV
+from sglang_pd.config import ENABLE_FAULT_INJECTION
 
 TRANSFER_BACKENDS = ("mooncake_tcp", "nixl")
 
@@ -58,6 +58,17 @@ def router_metrics_args() -> list[str]:
     return ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
 
 
+def _recorded_faults(report: dict) -> dict:
+    """Hook errors and double / unknown lock releases a scheduler report shows (empty when none)."""
+    ledger = report.get("lock_ledger") or {}
+    found = {"hook_errors": report.get("hook_errors"),
+             "double_releases": ledger.get("num_double_releases"),
+             "unknown_releases": ledger.get("num_unknown_releases")}
+    if "error" in report:
+        found["snapshot_error"] = report["error"]
+    return {k: v for k, v in found.items() if v}
+
+
 def new_bootstrap_room(rng: random.Random | None = None) -> int:
     """A random bootstrap room id (63-bit, as SGLang's router uses)."""
     return (rng or random).randrange(1, 2**63 - 1)
@@ -73,7 +84,7 @@ class PDDeployment:
         self.bootstrap_port = free_port()
         self.env = server_env()
         if config.fault_injection:
-            self.env[FAULT_ENV] = "1"
+            self.env[ENABLE_FAULT_INJECTION] = "1"
         self.env.update(dict(config.env_overrides))
         self.prefill = self._server("prefill", self._prefill_args())
         self.decodes = [self._server(f"decode{i}", self._decode_args()) for i in range(config.num_decode)]
@@ -225,17 +236,17 @@ class PDDeployment:
             return fp.result(), fd.result(), pairing["bootstrap_room"]
 
     def generate_pd(self, input_ids: list[int], max_new_tokens: int = 8, decode_index: int = 0,
-                    room: int | None = None, timeout: float = 300) -> tuple[dict, dict, int]:
+                    room: int | None = None, timeout: float = 300, **extra) -> tuple[dict, dict, int]:
         """Send the request to prefill and decode paired by a bootstrap room, as a router does.
 
-        Returns (prefill_body, decode_body, room).
+        `extra` goes into both bodies (e.g. `rid`). Returns (prefill_body, decode_body, room).
         """
         pairing = self.pairing(room)
         room = pairing["bootstrap_room"]
         with cf.ThreadPoolExecutor(2) as pool:
-            fp = pool.submit(self.generate, self.prefill.url, input_ids, max_new_tokens, timeout, **pairing)
+            fp = pool.submit(self.generate, self.prefill.url, input_ids, max_new_tokens, timeout, **pairing, **extra)
             fd = pool.submit(self.generate, self.decodes[decode_index].url, input_ids, max_new_tokens,
-                             timeout, **pairing)
+                             timeout, **pairing, **extra)
             return fp.result(), fd.result(), room
 
     @staticmethod
@@ -270,17 +281,21 @@ class PDDeployment:
     def wait_clean(self, timeout_s: float = 90.0, servers: list[ServerProcess] | None = None) -> dict[str, dict]:
         """Wait until every PD server (or `servers`) is idle with a passing integrity check.
 
-        Returns their reports; raises AssertionError with the last reports if time runs out.
+        Also required, at once (they never go back down): no hook error, no double and no unknown lock
+        release on any server. Returns their reports; raises AssertionError naming what is not clean.
         """
         deadline = time.monotonic() + timeout_s
         servers = servers or [self.prefill, *self.decodes]
         while True:
             reports = {s.name: self.scheduler_state(s) for s in servers}
+            faults = {n: problems for n, r in reports.items() if (problems := _recorded_faults(r))}
+            if faults:
+                raise AssertionError(f"plugin faults recorded: {faults}")
             if all((r.get("integrity") or {}).get("idle") and r["integrity"]["ok"] for r in reports.values()):
                 return reports
             if time.monotonic() > deadline:
-                summary = {n: {"integrity": r.get("integrity"), "lock_ledger": r.get("lock_ledger")}
-                           for n, r in reports.items()}
+                summary = {n: {"integrity": r.get("integrity"), "lock_ledger": r.get("lock_ledger"),
+                               "queues": r.get("queues")} for n, r in reports.items()}
                 raise AssertionError(f"deployment not clean after {timeout_s}s: {summary}")
             time.sleep(0.5)
 

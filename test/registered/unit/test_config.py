@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from sglang_pd.config import SETTINGS, validate
+from sglang_pd.config import SETTINGS, Settings, SettingsError, problems as validate
 
 pytestmark = pytest.mark.unit
 
@@ -24,17 +24,31 @@ def test_bad_values_and_unknown_names_are_named():
     assert any(p.startswith("SGLANG_PD_NIXL_STALL_TIMEOUT is not a sglang_pd setting") for p in problems)
 
 
-def test_plugin_refuses_bad_settings():
-    env = {"SGLANG_PD_NIXL_STALL_TIMEOUT_S": "0", "PATH": "/usr/bin:/bin"}
-    code = "import sglang_pd.plugin as p; p.register(); print('REFUSED', p.STATE.refused_reason is not None)"
+def test_plugin_stops_the_process_on_bad_settings():
+    env = {"SGLANG_PD_NIXL_STALL_TIMEOUT_S": "0", "SGLANG_PD_TYPO": "1", "PATH": "/usr/bin:/bin"}
+    code = "import sglang_pd.plugin as p; p.register(); print('STILL RUNNING')"
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
-    assert "REFUSED True" in proc.stdout, proc.stderr
-    assert "[sglang_pd] bad setting: SGLANG_PD_NIXL_STALL_TIMEOUT_S='0' must be > 0 seconds" in proc.stderr
+    assert proc.returncode != 0 and "STILL RUNNING" not in proc.stdout, proc.stdout
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("[sglang_pd]")]
+    assert lines and lines[-1].startswith("[sglang_pd] refusing to start: bad setting: "), proc.stderr
+    assert "SGLANG_PD_NIXL_STALL_TIMEOUT_S='0' must be > 0 seconds" in lines[-1]
+    assert "SGLANG_PD_TYPO is not a sglang_pd setting" in lines[-1]
 
 
 def test_on_by_default_flags_and_their_off_switch():
-    from sglang_pd.config import enabled
-
-    for name in ("SGLANG_PD_RADIX_RESUME", "SGLANG_PD_BATCHED_EVICTION"):
-        assert enabled(name, {}) and not enabled(name, {name: "0"})
+    for name, field in (("SGLANG_PD_RADIX_RESUME", "radix_resume"), ("SGLANG_PD_BATCHED_EVICTION", "batched_eviction")):
+        assert getattr(Settings.from_env({}), field) and not getattr(Settings.from_env({name: "0"}), field)
         assert validate({name: "on"}) == [f"{name}='on' must be 0 or 1"]
+
+
+def test_one_settings_object_parsed_from_the_declarations():
+    import dataclasses
+
+    assert {s.field for s in SETTINGS} == {f.name for f in dataclasses.fields(Settings)}
+    assert Settings.from_env({}) == Settings(), "declared defaults and the dataclass defaults agree"
+    parsed = Settings.from_env({"SGLANG_PD_ITL_TARGET_MS": "40", "SGLANG_PD_MODEL_DIR": "/tmp/m",
+                                "SGLANG_PD_ENABLE_FAULT_INJECTION": "1"})
+    assert (parsed.itl_target_s, str(parsed.models_root), parsed.fault_injection) == (0.04, "/tmp/m", True)
+    with pytest.raises(SettingsError) as err:
+        Settings.from_env({"SGLANG_PD_TTFT_TARGET_MS": "-1", "SGLANG_PD_BOGUS": "1"})
+    assert len(err.value.problems) == 2 and "SGLANG_PD_BOGUS is not a sglang_pd setting" in str(err.value)

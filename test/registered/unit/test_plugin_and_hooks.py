@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from sglang_pd.hooks import HOOK_TABLE, hooks_for, registrations_for
-from sglang_pd.process_state import ProcessKind
+from sglang_pd.srt.hooks.table import HOOK_TABLE, hooks_for, registrations_for
+from sglang_pd.srt.state import ProcessKind
 
 pytestmark = pytest.mark.unit
 
@@ -27,18 +27,29 @@ def _resolve(target: str):
     raise ImportError(target)
 
 
+_LITERALS = (type(None), bool, int, float, str, tuple, list)
+
+
 @pytest.mark.parametrize("spec", HOOK_TABLE, ids=lambda s: s.target.rsplit(".", 2)[-2] + "." + s.target.rsplit(".", 1)[-1])
 def test_every_hook_target_resolves_and_signatures_line_up(spec):
+    """Each hook takes exactly its target's parameters: same order, kinds, names (the instance may be
+    named for its role), defaults present in the same places and equal where upstream's is a literal.
+    Callers pass arguments by keyword too, so a hook that drifted from its target breaks at run time."""
     target = _resolve(spec.target)
     assert callable(target)
     assert spec.why, "every hook states why it exists"
-    target_params = list(inspect.signature(target).parameters)
-    hook_params = list(inspect.signature(spec.fn).parameters)
+    target_params = list(inspect.signature(target).parameters.values())
+    hook_params = list(inspect.signature(spec.fn).parameters.values())
     if spec.hook_type in ("AFTER", "AROUND"):
         hook_params = hook_params[1:]  # result / original come first
-    if any(p.startswith("*") for p in map(str, inspect.signature(spec.fn).parameters.values())):
-        return  # a *args hook accepts any signature
     assert len(hook_params) == len(target_params), (spec.target, hook_params, target_params)
+    for i, (mine, theirs) in enumerate(zip(hook_params, target_params)):
+        where = f"{spec.target} parameter {i} ({theirs.name})"
+        assert mine.kind == theirs.kind, where
+        assert mine.name == theirs.name or (i == 0 and theirs.name == "self"), where
+        assert (mine.default is inspect.Parameter.empty) == (theirs.default is inspect.Parameter.empty), where
+        if isinstance(theirs.default, _LITERALS):
+            assert mine.default == theirs.default, where
 
 
 def test_table_targets_are_unique_per_process():
@@ -57,13 +68,13 @@ def test_entry_point_loads_in_main_and_scheduler_processes():
     proc = _run("""
         from sglang.srt.plugins import load_plugins
         from sglang.srt.plugins.hook_registry import HookRegistry
-        from sglang_pd.process_state import STATE
+        from sglang_pd.srt.state import current
         def run_scheduler_process():
             load_plugins()
         run_scheduler_process()
-        print("KIND", STATE.kind.value)
+        print("KIND", current().kind.value)
         print("PATCHED", sorted(HookRegistry._patched))
-        print("SNAP", STATE.snapshot()["applied_hooks"])
+        print("SNAP", current().snapshot()["applied_hooks"])
     """)
     assert proc.returncode == 0, proc.stderr
     assert "KIND scheduler" in proc.stdout
@@ -75,10 +86,10 @@ def test_entry_point_loads_in_main_and_scheduler_processes():
 
     proc = _run("""
         from sglang.srt.plugins import load_plugins
-        from sglang_pd.process_state import STATE
+        from sglang_pd.srt.state import current
         load_plugins()
-        print("KIND", STATE.kind.value)
-        print("PATCHED", STATE.patched_hooks())
+        print("KIND", current().kind.value)
+        print("PATCHED", current().patched_hooks())
     """)
     assert proc.returncode == 0, proc.stderr
     assert "KIND http" in proc.stdout

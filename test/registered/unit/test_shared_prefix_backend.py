@@ -173,7 +173,7 @@ def test_registered_by_name_and_refused_where_it_cannot_serve():
     from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES
     from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
 
-    from sglang_pd.process_state import STATE
+    from sglang_pd.srt.state import current
 
     ab.register_backend_choice()
     ab.register_backend_factory()
@@ -185,7 +185,7 @@ def test_registered_by_name_and_refused_where_it_cannot_serve():
                              token_to_kv_pool=world.kv)
     backend = ATTENTION_BACKENDS[ab.BACKEND_NAME](runner)
     assert isinstance(backend, ab.SharedPrefixAttnBackend)
-    assert STATE.shared_attention.snapshot()["backend"] == ab.BACKEND_NAME
+    assert current().shared_attention.snapshot()["backend"] == ab.BACKEND_NAME
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
     fp8_pool = MHATokenToKVPool(size=64, page_size=1, dtype=torch.float8_e4m3fn, head_num=4, head_dim=64,

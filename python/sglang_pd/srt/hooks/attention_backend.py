@@ -21,11 +21,11 @@ from __future__ import annotations
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
-from sglang_pd.process_state import STATE
 from sglang_pd.srt.disaggregation.prefix_groups import find_prefix_groups
 from sglang_pd.srt.disaggregation.shared_attention_stats import FallbackReason, SharedAttentionStats
 from sglang_pd.srt.disaggregation.shared_prefix_attention import (DEFAULT_MIN_FILL, DecodePlan, KVWorkspace,
                                                                    build_decode_plan, shared_prefix_decode)
+from sglang_pd.srt.state import current
 
 BACKEND_NAME = "sglang_pd_shared_prefix"
 # A run shared by >= 2 requests becomes a group only from this many tokens: shorter runs cost more
@@ -83,8 +83,9 @@ def create_backend(runner):
     problem = unsupported_runner(runner)
     if problem is not None:
         raise ValueError(f"--attention-backend {BACKEND_NAME} cannot serve this server: {problem}")
-    backend = SharedPrefixAttnBackend(TorchNativeAttnBackend(runner), STATE.shared_attention)
-    STATE.shared_attention.on_backend_created(BACKEND_NAME)
+    stats = current().shared_attention
+    backend = SharedPrefixAttnBackend(TorchNativeAttnBackend(runner), stats)
+    stats.on_backend_created(BACKEND_NAME)
     return backend
 
 

@@ -1,9 +1,10 @@
 """The one table of every upstream SGLang symbol sglang_pd hooks: target, hook type, process, why.
 
 Adding a hook anywhere else is a bug: `plugin.register()` applies exactly this table, and the unit
-tier checks that every target still resolves in the pinned SGLang and that hook signatures match.
-`REGISTRY_TABLE` lists the names we add to SGLang's own registries (nothing patched: SGLang looks
-the name up itself), e.g. our attention backend.
+tier checks that every target still resolves in the pinned SGLang and that every hook's signature
+matches its target's (names, kinds, defaults). The functions live beside this file, one module per
+upstream module (or class) they patch. `REGISTRY_TABLE` lists the names we add to SGLang's own
+registries (nothing patched: SGLang looks the name up itself), e.g. our attention backend.
 """
 
 from __future__ import annotations
@@ -11,13 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from sglang_pd import http_routes
-from sglang_pd.process_state import ProcessKind
-from sglang_pd.srt import scheduler_hooks
-from sglang_pd.srt.hooks import attention_backend
-from sglang_pd.srt.disaggregation import (decode_hooks, nixl_host_memory, prefill_hooks, request_fields,
-                                           retraction_hooks, round_hooks, slo_hooks)
-from sglang_pd.srt.mem_cache import checkpoint_hooks, ledger_hooks
+from sglang_pd.srt.hooks import (attention_backend, common_conn, common_utils, decode_prealloc_queue,
+                                 decode_scheduler, http_server, mem_cache_common, mooncake_conn, nixl_api, nixl_conn,
+                                 output_streamer, prefill, prefix_cache, schedule_batch, scheduler, tokenizer_manager)
+from sglang_pd.srt.state import ProcessKind
 
 _DISAGG = "sglang.srt.disaggregation"
 _TREE = "sglang.srt.mem_cache.base_prefix_cache.BasePrefixCache"
@@ -38,121 +36,131 @@ class HookSpec:
 HOOK_TABLE: tuple[HookSpec, ...] = (
     HookSpec(
         "sglang.srt.entrypoints.http_server.launch_server", "BEFORE",
-        http_routes.before_launch_server, ProcessKind.HTTP,
+        http_server.before_launch_server, ProcessKind.HTTP,
         "mount GET /sglang_pd/info and /sglang_pd/stats on the server's own FastAPI app (and, with a TTFT "
         "target, the Retry-After middleware for early-rejection 503s)"),
     HookSpec(
         "sglang.srt.managers.tokenizer_manager.TokenizerManager.update_request_meta_info", "AFTER",
-        request_fields.after_update_request_meta_info, ProcessKind.HTTP,
+        tokenizer_manager.after_update_request_meta_info, ProcessKind.HTTP,
         "turn our per-request decode fields into plain numbers in meta_info"),
     HookSpec(
         "sglang.srt.managers.scheduler.Scheduler.init_disaggregation", "AFTER",
-        scheduler_hooks.after_init_disaggregation, ProcessKind.SCHEDULER,
+        scheduler.after_init_disaggregation, ProcessKind.SCHEDULER,
         "label sglang_pd metrics with role/backend; export them on /metrics when metrics are on"),
     HookSpec(
         "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
         ".is_request_level_customized_info_key", "AROUND",
-        request_fields.around_is_request_level_key, ProcessKind.SCHEDULER,
+        output_streamer.around_is_request_level_key, ProcessKind.SCHEDULER,
         "emit decode_prefix_len / pages / bytes once per request in meta_info"),
     HookSpec(
-        "sglang.srt.mem_cache.radix_cache.RadixCache.evict", "AFTER", scheduler_hooks.after_evict,
+        "sglang.srt.mem_cache.radix_cache.RadixCache.evict", "AFTER", prefix_cache.after_radix_evict,
         ProcessKind.SCHEDULER, "count evicted tokens (RadixCache; evict_for_alloc goes through it)"),
     HookSpec(
-        f"{_UTREE}._evict", "AFTER", scheduler_hooks.after_evict, ProcessKind.SCHEDULER,
+        f"{_UTREE}._evict", "AFTER", prefix_cache.after_unified_evict, ProcessKind.SCHEDULER,
         "count evicted tokens (UnifiedRadixCache: evict and evict_for_alloc both end here)"),
     HookSpec(
         "sglang.srt.managers.scheduler.Scheduler.get_internal_state", "AFTER",
-        scheduler_hooks.after_get_internal_state, ProcessKind.SCHEDULER,
+        scheduler.after_get_internal_state, ProcessKind.SCHEDULER,
         "carry the scheduler's sglang_pd state to the HTTP process over SGLang's own channel"),
     HookSpec(
         "sglang.srt.managers.scheduler.Scheduler.set_internal_state", "AROUND",
-        scheduler_hooks.around_set_internal_state, ProcessKind.SCHEDULER,
+        scheduler.around_set_internal_state, ProcessKind.SCHEDULER,
         "arm test-only faults (sglang_pd_fault_* keys; refused unless enabled by env)"),
     HookSpec(
         f"{_DISAGG}.prefill.PrefillBootstrapQueue.finalize_bootstrap", "AROUND",
-        prefill_hooks.around_finalize_bootstrap, ProcessKind.SCHEDULER,
+        prefill.around_finalize_bootstrap, ProcessKind.SCHEDULER,
         "reject a bad decode_prefix_len before any KV moves; record the one that reached prefill"),
     HookSpec(
         f"{_DISAGG}.common.conn.CommonKVSender._prepare_send_indices", "AFTER",
-        prefill_hooks.after_prepare_send_indices, ProcessKind.SCHEDULER,
+        common_conn.after_prepare_send_indices, ProcessKind.SCHEDULER,
         "count KV pages really handed to the transport per room (nixl and mooncake share it)"),
     HookSpec(
         f"{_DISAGG}.mooncake.conn.MooncakeKVManager._handle_abort_notification", "AROUND",
-        prefill_hooks.around_mooncake_message, ProcessKind.SCHEDULER,
+        mooncake_conn.around_handle_abort_notification, ProcessKind.SCHEDULER,
         "check transfer-info frames first: a malformed one fails its room, not the bootstrap thread"),
     HookSpec(
         f"{_DISAGG}.nixl.conn.NixlKVManager._handle_abort_notification", "AROUND",
-        prefill_hooks.around_nixl_message, ProcessKind.SCHEDULER,
+        nixl_conn.around_handle_abort_notification, ProcessKind.SCHEDULER,
         "same for NIXL (whose parser also asserts on foreign traffic)"),
     HookSpec(
-        f"{_DISAGG}.nixl.conn.NixlKVManager.__init__", "AROUND", nixl_host_memory.around_manager_init,
+        f"{_DISAGG}.nixl.conn.NixlKVManager.__init__", "AROUND", nixl_conn.around_init,
         ProcessKind.SCHEDULER, "CPU device: register KV as DRAM (upstream says VRAM) and scope the next row"),
     HookSpec(
-        "nixl._api.nixl_agent_config.__init__", "BEFORE", nixl_host_memory.before_agent_config_init,
+        "nixl._api.nixl_agent_config.__init__", "BEFORE", nixl_api.before_agent_config_init,
         ProcessKind.SCHEDULER, "host-memory manager: no busy-polling progress thread (worker drives progress)"),
     HookSpec(
-        f"{_DISAGG}.common.utils.FastQueue.get", "AFTER", nixl_host_memory.after_queue_get,
+        f"{_DISAGG}.common.utils.FastQueue.get", "AFTER", common_utils.after_queue_get,
         ProcessKind.SCHEDULER, "know which room a NIXL transfer worker serves (for page counts / stalls)"),
     HookSpec(
-        f"{_DISAGG}.nixl.conn.NixlKVManager.send_kvcache", "AFTER", nixl_host_memory.after_send_kvcache,
-        ProcessKind.SCHEDULER, "count the KV pages NIXL itself was asked to move, per room"),
+        f"{_DISAGG}.nixl.conn.NixlKVManager.send_kvcache", "AROUND", nixl_conn.around_send_kvcache,
+        ProcessKind.SCHEDULER, "count the KV pages NIXL itself was asked to move, per room (test fault: the "
+        "send raises, for upstream's prefill-side failure path)"),
     HookSpec(
-        f"{_DISAGG}.nixl.conn.NixlKVManager._await_handles", "AROUND", nixl_host_memory.around_await_handles,
+        f"{_DISAGG}.mooncake.conn.MooncakeKVManager._transfer_data", "AROUND", mooncake_conn.around_transfer_data,
+        ProcessKind.SCHEDULER, "split a batch over SGLANG_PD_MOONCAKE_MAX_BATCH_DESCRIPTORS: mooncake's TCP "
+        "transport refuses batches over its per-peer queue limit (page 1, many layers, fragmented pool)"),
+    HookSpec(
+        f"{_DISAGG}.mooncake.conn.MooncakeKVManager.send_kvcache", "AROUND", mooncake_conn.around_send_kvcache,
+        ProcessKind.SCHEDULER, "tests only: an armed prefill_transfer_fail reports the room's send failed "
+        "(upstream's own prefill-side transport failure path); otherwise passes through"),
+    HookSpec(
+        f"{_DISAGG}.nixl.conn.NixlKVManager._await_handles", "AROUND", nixl_conn.around_await_handles,
         ProcessKind.SCHEDULER, "arm a stall deadline: upstream waits forever on a transfer that never ends"),
     HookSpec(
-        "nixl._api.nixl_agent.check_xfer_state", "AFTER", nixl_host_memory.after_check_xfer_state,
-        ProcessKind.SCHEDULER, "past the deadline a transfer reads ERR, so upstream fails the room"),
+        "nixl._api.nixl_agent.check_xfer_state", "AROUND", nixl_api.around_check_xfer_state,
+        ProcessKind.SCHEDULER, "past the deadline a transfer is cancelled, then reads ERR, so upstream fails "
+        "the room and tells decode (never while a write may still land)"),
     HookSpec(
-        f"{_TREE}.lock", "AFTER", ledger_hooks.after_lock, ProcessKind.SCHEDULER,
+        f"{_TREE}.lock", "AFTER", prefix_cache.after_lock, ProcessKind.SCHEDULER,
         "record every tree lock with its owner in the LockLedger"),
     HookSpec(
-        f"{_TREE}.unlock", "AROUND", ledger_hooks.around_unlock, ProcessKind.SCHEDULER,
+        f"{_TREE}.unlock", "AROUND", prefix_cache.around_unlock, ProcessKind.SCHEDULER,
         "release exactly once: a double release is counted and never reaches the tree"),
     HookSpec(
-        f"{_UTREE}.lock", "AFTER", ledger_hooks.after_lock, ProcessKind.SCHEDULER,
+        f"{_UTREE}.lock", "AFTER", prefix_cache.after_unified_lock, ProcessKind.SCHEDULER,
         "same as BasePrefixCache.lock: UnifiedRadixCache (the servers' default tree) overrides it"),
     HookSpec(
-        f"{_UTREE}.unlock", "AROUND", ledger_hooks.around_unlock, ProcessKind.SCHEDULER,
+        f"{_UTREE}.unlock", "AROUND", prefix_cache.around_unlock, ProcessKind.SCHEDULER,
         "same as BasePrefixCache.unlock, for UnifiedRadixCache"),
     HookSpec(
         "sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode", "AFTER",
-        scheduler_hooks.after_retract_decode, ProcessKind.SCHEDULER,
+        schedule_batch.after_retract_decode, ProcessKind.SCHEDULER,
         "count retractions, so tests can prove the retraction path ran and released its locks"),
     HookSpec(
         "sglang.srt.mem_cache.common.checkpoint_kv_cache", "REPLACE",
-        checkpoint_hooks.replace_checkpoint_kv_cache, ProcessKind.SCHEDULER,
+        mem_cache_common.replace_checkpoint_kv_cache, ProcessKind.SCHEDULER,
         "publish running requests via maybe_cache_unfinished_req: warmup/health/fake never enter the tree"),
     HookSpec(
         f"{_DISAGG}.decode.DecodePreallocQueue._match_prefix_and_lock", "AROUND",
-        decode_hooks.around_match_prefix_and_lock, ProcessKind.SCHEDULER,
+        decode_prealloc_queue.around_match_prefix_and_lock, ProcessKind.SCHEDULER,
         "decode admission through DecodePrefixAdmission: match, page-align, lock with owner, plan"),
     HookSpec(
         f"{_DISAGG}.decode.DecodePreallocQueue._send_kv_metadata", "AROUND",
-        decode_hooks.around_send_kv_metadata, ProcessKind.SCHEDULER,
+        decode_prealloc_queue.around_send_kv_metadata, ProcessKind.SCHEDULER,
         "check decode_prefix_len and page count handed to the transfer layer against the plan"),
     # --- retraction that keeps the prefix, batched eviction (issue 5) ---
     HookSpec(
         f"{_DISAGG}.decode.DecodePreallocQueue._pre_alloc", "AROUND",
-        retraction_hooks.around_pre_alloc, ProcessKind.SCHEDULER,
+        decode_prealloc_queue.around_pre_alloc, ProcessKind.SCHEDULER,
         "a resumed retracted request re-matches and locks the tree; only the uncached rest is allocated"),
     HookSpec(
         "sglang.srt.managers.schedule_batch.Req.load_kv_cache", "AROUND",
-        retraction_hooks.around_load_kv_cache, ProcessKind.SCHEDULER,
+        schedule_batch.around_load_kv_cache, ProcessKind.SCHEDULER,
         "restore from the retraction backup only the tokens the tree did not give back"),
     HookSpec(
         f"{_DISAGG}.decode.DecodePreallocQueue.pop_preallocated", "AROUND",
-        round_hooks.around_pop_preallocated, ProcessKind.SCHEDULER,
+        decode_prealloc_queue.around_pop_preallocated, ProcessKind.SCHEDULER,
         "run the prealloc loop as one admission round (evict once); release planned locks not taken"),
     # ---- SLO-aware decode admission (issue 10; slo_controller.py): ITL target, early rejection ----
     HookSpec(
-        "sglang.srt.managers.scheduler.Scheduler.run_batch", "BEFORE", slo_hooks.before_run_batch,
+        "sglang.srt.managers.scheduler.Scheduler.run_batch", "BEFORE", scheduler.before_run_batch,
         ProcessKind.SCHEDULER, "decode: time launch-to-launch of decode steps, the samples the step model learns"),
     HookSpec(
         f"{_DISAGG}.decode.SchedulerDisaggregationDecodeMixin._get_new_prebuilt_batch", "AROUND",
-        slo_hooks.around_get_new_prebuilt_batch, ProcessKind.SCHEDULER,
+        decode_scheduler.around_get_new_prebuilt_batch, ProcessKind.SCHEDULER,
         "cap waiting -> running admissions at what keeps the predicted step within SGLANG_PD_ITL_TARGET_MS"),
     HookSpec(
-        f"{_DISAGG}.decode.DecodePreallocQueue.add", "AROUND", slo_hooks.around_prealloc_add,
+        f"{_DISAGG}.decode.DecodePreallocQueue.add", "AROUND", decode_prealloc_queue.around_add,
         ProcessKind.SCHEDULER, "refuse (503) a request whose predicted TTFT exceeds SGLANG_PD_TTFT_TARGET_MS, "
         "before any page or lock"),
 )
@@ -191,3 +199,18 @@ REGISTRY_TABLE: tuple[RegistrySpec, ...] = (
 def registrations_for(kind: ProcessKind) -> tuple[RegistrySpec, ...]:
     """The rows of REGISTRY_TABLE applied in a process of `kind` (read-only)."""
     return tuple(spec for spec in REGISTRY_TABLE if kind in spec.processes)
+
+
+def apply_ledger_hooks() -> None:
+    """Apply the table's lock/unlock rows in this process, as a scheduler does (idempotent).
+
+    For code that builds SGLang trees without a server (bench_admission, the unit tier): every tree
+    lock is then recorded in the installed state's LockLedger, exactly as in a server.
+    """
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for spec in HOOK_TABLE:
+        if spec.target.endswith((".lock", ".unlock")) and not any(
+                fn is spec.fn for _, fn, _ in HookRegistry._hooks.get(spec.target, ())):
+            HookRegistry.register(spec.target, spec.fn, HookType[spec.hook_type])
+    HookRegistry.apply_hooks()

@@ -1,17 +1,17 @@
-"""HTTP endpoints sglang_pd adds to SGLang's FastAPI app (served on the server's own port).
+"""Hook on SGLang's HTTP server (entrypoints/http_server.py) and the routes sglang_pd adds to its app.
 
-GET /sglang_pd/info  -> version, role, hooks applied in the HTTP and scheduler processes.
-GET /sglang_pd/stats -> the scheduler-side state (prefill transfer log, ...).
+GET /sglang_pd/info   -> version, role, hooks applied in the HTTP and scheduler processes.
+GET /sglang_pd/stats  -> the scheduler-side state of every DP rank (counters, ledger, integrity, ...).
+POST /sglang_pd/faults -> arm test faults (mounted only with SGLANG_PD_ENABLE_FAULT_INJECTION=1).
 """
 
 from __future__ import annotations
 
 import sglang_pd
-from sglang_pd.process_state import STATE, mode_name
+from sglang_pd.srt.disaggregation.retry_after import RetryAfterMiddleware
 from sglang_pd.srt.fault_injection import KEY_PREFIX
-from sglang_pd.srt.fault_injection import enabled as fault_injection_enabled
-from sglang_pd.srt.disaggregation.slo_http import mount_retry_after
-from sglang_pd.srt.scheduler_hooks import INTERNAL_STATE_KEY
+from sglang_pd.srt.scrape_refresh import RefreshBeforeScrape
+from sglang_pd.srt.state import INTERNAL_STATE_KEY, current, mode_name
 
 INFO_PATH = "/sglang_pd/info"
 STATS_PATH = "/sglang_pd/stats"
@@ -46,7 +46,7 @@ async def info() -> dict:
         "model_path": str(_server_args().model_path),
         "page_size": int(_server_args().page_size or 1),
         "transfer_backend": str(_server_args().disaggregation_transfer_backend),
-        "http_hooks": STATE.patched_hooks(),
+        "http_hooks": current().patched_hooks(),
         "scheduler_hooks": [s.get("applied_hooks", []) for s in schedulers],
     }
 
@@ -70,14 +70,25 @@ async def arm_faults(body: dict) -> dict:
     return {"armed": body}
 
 
-def before_launch_server(*args, **kwargs):
-    """Mount our routes on SGLang's app before it starts serving."""
+def before_launch_server(server_args, init_tokenizer_manager_func=None, run_scheduler_process_func=None,
+                         run_detokenizer_process_func=None, execute_warmup_func=None, launch_callback=None):
+    """Mount our routes and middlewares before the app serves: the scrape refresh (integrity computed
+    for every /metrics scrape) and, with a TTFT target, Retry-After on early-rejection 503s."""
     from sglang.srt.entrypoints.http_server import app
 
+    settings = current().settings
     existing = {getattr(r, "path", None) for r in app.routes}
-    if INFO_PATH not in existing:
-        app.add_api_route(INFO_PATH, info, methods=["GET"])
-        app.add_api_route(STATS_PATH, stats, methods=["GET"])
-        if fault_injection_enabled():
-            app.add_api_route(FAULTS_PATH, arm_faults, methods=["POST"])
-        mount_retry_after(app)
+    if INFO_PATH in existing:
+        return
+    app.add_api_route(INFO_PATH, info, methods=["GET"])
+    app.add_api_route(STATS_PATH, stats, methods=["GET"])
+    if settings.fault_injection:
+        app.add_api_route(FAULTS_PATH, arm_faults, methods=["POST"])
+    app.add_middleware(RefreshBeforeScrape, refresh=_refresh_schedulers)
+    if settings.ttft_target_s is not None:
+        app.add_middleware(RetryAfterMiddleware)
+
+
+async def _refresh_schedulers() -> None:
+    """Every scheduler runs its integrity check (and updates its gauges) now: see srt/hooks/scheduler.py."""
+    await _scheduler_states()
