@@ -7,6 +7,7 @@
         --itl-target-ms 40 --ttft-target-ms 3000 --pareto-itl-targets 30,60   # SLO comparison + Pareto plot
     python -m sglang_pd.bench_multiturn --preset short --configs off,on,on+local --local-prefill-tokens 64 \
         --local-sweep 16,64,256 --out-dir docs/local_prefill        # decode-local prefill + threshold sweep
+    python -m sglang_pd.bench_multiturn --preset capacity --configs off,on,off+shared,on+shared   # decode attention
 
 Each configuration gets its own fresh PD deployment (started, primed with the shared system prompt,
 measured, stopped). Prints a table (TTFT p50/p90/p99, ITL, request and token throughput, decode hit
@@ -34,7 +35,7 @@ from tqdm import tqdm
 
 from sglang_pd.bench.multiturn_workload import WorkloadConfig, run_workload, system_prompt
 from sglang_pd.bench.pd_client import pd_stream
-from sglang_pd.bench.report import format_table, plot, summarize
+from sglang_pd.bench.report import format_table, plot, plot_summary, summarize
 from sglang_pd.bench.slo import BenchConfig, SloTargets, parse_configs, plot_pareto, plot_slo, slo_figures
 from sglang_pd.harness import DeploymentConfig, PDDeployment
 
@@ -56,7 +57,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(PRESETS), default="short")
     p.add_argument("--configs", "--modes", dest="configs", default="off,on",
-                   help="configurations to run, in order, each on a fresh PD pair: off|on[+itl][+reject]")
+                   help="configurations to run, in order, each on a fresh PD pair: off|on[+itl][+reject][+shared]")
     p.add_argument("--itl-target-ms", type=float, help="ITL target: +itl configs run with it; requests are scored on it")
     p.add_argument("--ttft-target-ms", type=float, help="TTFT target: +reject configs run with it; requests scored on it")
     p.add_argument("--pareto-itl-targets", default="",
@@ -130,7 +131,9 @@ def measure(prefill_url, decode_url, bootstrap_port, cfg: WorkloadConfig, label:
     summary = summarize(records, duration, transfer)
     if slo is not None and (slo.ttft_s or slo.itl_s):
         summary.update(slo_figures([r.result for r in records], duration, slo))
-    summary["decode_slo"] = PDDeployment.get_json(decode_url, "/sglang_pd/stats")["schedulers"][0].get("slo")
+    decode_state = PDDeployment.get_json(decode_url, "/sglang_pd/stats")["schedulers"][0]
+    summary["decode_slo"] = decode_state.get("slo")
+    summary["decode_shared_attention"] = decode_state.get("shared_attention")
     return summary, outputs
 
 
@@ -144,7 +147,8 @@ def run_config(config: BenchConfig, args, cfg: WorkloadConfig):
     if args.decode_max_total_tokens:
         deploy["decode_max_total_tokens"] = args.decode_max_total_tokens
     t0 = time.perf_counter()
-    with PDDeployment(DeploymentConfig(decode_radix=config.decode_radix, **deploy)) as dep:
+    with PDDeployment(DeploymentConfig(decode_radix=config.decode_radix,
+                                       decode_attention_backend=config.decode_attention_backend, **deploy)) as dep:
         print(f"[{config.name}] PD pair up in {time.perf_counter() - t0:.0f}s (logs {dep.log_dir})", file=sys.stderr)
         return measure(dep.prefill.url, dep.decodes[0].url, dep.bootstrap_port, cfg, config.name,
                        not args.no_progress, args.slo)
@@ -191,6 +195,16 @@ def _write_pareto(args, results: dict, pareto: dict, out: Path) -> None:
     print("\nPareto (TTFT p50 s, ITL p50 ms): " + "; ".join(f"{lbl}: {t:.3f}, {i:.1f}" for lbl, t, i in pts))
 
 
+def identical_outputs(outputs: dict[str, dict]) -> dict:
+    """Greedy outputs of every configuration compared with the reference (`off`, else the first run)."""
+    if not outputs:
+        return {"reference": None, "num_outputs": 0, "counts": {}}
+    ref = "off" if "off" in outputs else next(iter(outputs))
+    return {"reference": ref, "num_outputs": len(outputs[ref]),
+            "counts": {name: sum(outputs[ref][k] == out.get(k) for k in outputs[ref])
+                       for name, out in outputs.items() if name != ref}}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     cfg = workload_config(args)
@@ -203,8 +217,10 @@ def main(argv=None) -> int:
             results[config.name], outputs[config.name] = run_config(config, args, cfg)
     pareto = _pareto_points(args, cfg, results) if args.pareto and not args.prefill_url else {}
     sweep = _sweep_points(args, cfg, results) if args.sweep and not args.prefill_url else {}
-    same = {name: sum(outputs["off"][k] == outs.get(k) for k in outputs["off"])
-            for name, outs in outputs.items() if name != "off"} if "off" in outputs else {}
+    same = None
+    if "off" in outputs and "on" in outputs:
+        same = sum(outputs["off"][k] == outputs["on"].get(k) for k in outputs["off"])
+    identical = identical_outputs(outputs)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     report = {"preset": args.preset, "machine": machine(), "workload": dataclasses.asdict(cfg),
@@ -213,16 +229,19 @@ def main(argv=None) -> int:
               "transfer_backend": args.transfer_backend, "slo": args.slo.describe(),
               "configs": [dataclasses.asdict(c) for c in args.configs],
               "results": results, "pareto": pareto, "local_sweep": {str(t): r for t, r in sweep.items()},
-              "identical_outputs_vs_off": {name: [n, len(outputs["off"])] for name, n in same.items()}}
+              "identical_outputs_off_vs_on": same, "identical_outputs": identical}
     (out / f"bench_multiturn_{args.preset}.json").write_text(json.dumps(report, indent=2))
     plot(results, str(out / f"bench_multiturn_{args.preset}.png"))
+    plot_summary(results, str(out / f"bench_multiturn_{args.preset}_summary.png"))
     if all("slo_attainment" in r for r in results.values()):
         plot_slo(results, str(out / f"bench_multiturn_{args.preset}_slo.png"))
     print(f"\nbench_multiturn preset={args.preset} backend={args.transfer_backend} on {machine()}")
     print(f"workload: {json.dumps(dataclasses.asdict(cfg))}; SLO scored: {args.slo.describe()}\n")
     print(format_table(results))
-    for name, n in same.items():
-        print(f"\nidentical greedy outputs {name} vs off: {n}/{len(outputs['off'])}")
+    if same is not None:
+        print(f"\nidentical greedy outputs OFF vs ON: {same}/{len(outputs['off'])}")
+    for name, count in identical["counts"].items():
+        print(f"identical greedy outputs {identical['reference']} vs {name}: {count}/{identical['num_outputs']}")
     if sweep:
         print("\ndecode-local prefill threshold sweep:\n" + format_sweep(sweep))
     if pareto:

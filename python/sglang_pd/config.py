@@ -24,6 +24,8 @@ ITL_TARGET_MS = f"{PREFIX}ITL_TARGET_MS"
 TTFT_TARGET_MS = f"{PREFIX}TTFT_TARGET_MS"
 LOCAL_PREFILL_TOKENS = f"{PREFIX}LOCAL_PREFILL_TOKENS"
 LOCAL_PREFILL_STEP_TOKENS = f"{PREFIX}LOCAL_PREFILL_STEP_TOKENS"
+TEST_LOGS = f"{PREFIX}TEST_LOGS"
+MOONCAKE_MAX_BATCH_DESCRIPTORS = f"{PREFIX}MOONCAKE_MAX_BATCH_DESCRIPTORS"
 
 
 class SettingsError(ValueError):
@@ -66,6 +68,12 @@ def _flag(value: str) -> bool:
     if value not in ("0", "1"):
         raise ValueError("must be 0 or 1")
     return value == "1"
+
+
+def _whole(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError("must be a whole number >= 1")
+    return int(value)
 
 
 def _folder(value: str) -> Path:
@@ -114,6 +122,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(LOCAL_PREFILL_STEP_TOKENS, "local_prefill_step_tokens", "256",
             "decode: at most this many local-prefill tokens run between two decode steps (protects ITL); "
             f"must be >= {LOCAL_PREFILL_TOKENS}", _count(1)),
+    Setting(MOONCAKE_MAX_BATCH_DESCRIPTORS, "mooncake_max_batch_descriptors", "512",
+            "mooncake: a transfer batch with more descriptors is sent as consecutive batches of at most this "
+            "many (its TCP transport refuses a batch over its per-peer queue limit: ~2,048 here)", _whole),
+    Setting(TEST_LOGS, "test_logs", None,
+            "tests only: folder where the integration tier keeps server logs (default /tmp/sglang_pd-test-logs)",
+            _folder),
 )
 
 
@@ -130,6 +144,8 @@ class Settings:
     ttft_target_s: float | None = None
     local_prefill_tokens: int = 0
     local_prefill_step_tokens: int = 256
+    mooncake_max_batch_descriptors: int = 512
+    test_logs: Path | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":

@@ -134,3 +134,20 @@ def plot(results: dict[str, dict], path: str) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
+
+
+def plot_summary(results: dict[str, dict], path: str) -> None:
+    """PNG: TTFT p50, ITL p50 and request throughput side by side, one bar per configuration."""
+    plt = pyplot()
+    names = list(results)
+    panels = (("ttft_p50_s", "TTFT p50 (s)"), ("itl_p50_ms", "ITL p50 (ms)"), ("request_throughput", "requests / s"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 4))
+    for ax, (key, title) in zip(axes, panels):
+        bars = ax.bar(names, [results[n][key] for n in names], color=[f"C{i}" for i in range(len(names))])
+        ax.bar_label(bars, fmt="%.3g", fontsize=8)
+        ax.set(title=title)
+        ax.tick_params(axis="x", labelrotation=20)
+        ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -25,6 +25,7 @@ class Fault(str, enum.Enum):
     NIXL_STALL = "nixl_stall"               # prefill: the room's NIXL transfer never reports done
     LOCAL_QUEUE_HOLD = "local_queue_hold"   # decode: a local-prefill request waits 5 s before its extend
     LOCAL_EXTEND_DELAY = "local_extend_delay"  # decode: the local extend carrying the room starts 3 s late
+    PREFILL_TRANSFER_FAIL = "prefill_transfer_fail"  # prefill: the transport reports the room's send failed
 
 
 class FaultPlan:

@@ -7,14 +7,14 @@ by PID at the end of the session.
 All compare against `pd_page1`'s plain server (greedy output does not depend on page size/backend).
 """
 
-import os
 from pathlib import Path
 
 import pytest
 
+from sglang_pd.config import Settings
 from sglang_pd.harness import DeploymentConfig, PDDeployment
 
-LOG_ROOT = Path(os.environ.get("SGLANG_PD_TEST_LOGS", "/tmp/sglang_pd-test-logs"))
+LOG_ROOT = Settings.from_env().test_logs or Path("/tmp/sglang_pd-test-logs")
 
 # Decode gives up on a transfer that never starts after this long (default 300 s): the timeout path
 # is then testable in-session. Normal requests here finish in about a second.
@@ -33,7 +33,12 @@ def _deployment(name: str, config: DeploymentConfig) -> PDDeployment:
     return _started[name]
 
 
-_ENV = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)),)
+# Mooncake blacklists a decode session after one failed transfer and probes it again every 30 s by
+# default; the prefill-side transport failure test needs the pair serving again within seconds.
+SESSION_PROBE_S = 2
+
+_ENV = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)),
+        ("SGLANG_FAILED_SESSION_PROBE_INTERVAL_S", str(SESSION_PROBE_S)))
 
 
 @pytest.fixture(scope="session")

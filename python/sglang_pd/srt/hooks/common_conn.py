@@ -27,8 +27,7 @@ def after_prepare_send_indices(result, sender, kv_indices, state_indices=None):
             state.prefill_log.record_pages_sent(int(sender.bootstrap_room), len(page_indices),
                                                 len(page_indices) * bytes_per_page(sender.kv_mgr.kv_args))
         except Exception:
-            state.count_hook_error("prepare_send_indices")
-            logger.exception("sglang_pd: failed to count sent pages")
+            state.hook_failed("prepare_send_indices", "failed to count sent pages")
     return result
 
 

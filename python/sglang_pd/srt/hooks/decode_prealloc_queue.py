@@ -130,8 +130,7 @@ def around_match_prefix_and_lock(original, queue, req):
     try:
         planned = _planned_match(queue, req)
     except Exception:  # never take the scheduler down: admit this call per request, as SGLang does
-        state.count_hook_error("admission_round")
-        logger.exception("sglang_pd: planning the admission round failed; admitting per request")
+        state.hook_failed("admission_round", "planning the admission round failed; admitting per request")
         state.admission_round.close()
         planned = None
     if planned is not None:  # matched and locked when the admission round was planned
@@ -140,8 +139,7 @@ def around_match_prefix_and_lock(original, queue, req):
         result = state.decode_admission.match_and_lock(req, queue.tree_cache, request_kind(req), match_kv_cache)
     except AdmissionError:
         # The tree broke the contract before any lock was taken: serve via upstream's path.
-        state.count_hook_error("decode_admission")
-        logger.exception("sglang_pd: decode admission refused the tree's match; using upstream's")
+        state.hook_failed("decode_admission", "decode admission refused the tree's match; using upstream's")
         return original(queue, req)
     return queue._build_decode_prefix_match(req, result)
 
@@ -175,8 +173,7 @@ def around_pre_alloc(original, queue, req, prefix_indices=None, prefix_len=None,
         plan = state.radix_resume.match_and_lock(req, tree, queue._pre_alloc_fill_len(req), match_kv_cache)
         indices = tree.prefix_device_indices(req) if plan.prefix_len else None
     except Exception:  # never take the scheduler down: resume the upstream way, holding nothing
-        state.count_hook_error("radix_resume")
-        logger.exception("sglang_pd: radix-aware resume of %s failed; restoring it in full", req.rid)
+        state.hook_failed("radix_resume", "radix-aware resume of %s failed; restoring it in full", req.rid)
         state.radix_resume.abandon(req, tree)
         return original(queue, req, None, None, None)
     if plan.prefix_len == 0:
@@ -226,8 +223,7 @@ def around_send_kv_metadata(original, queue, decode_req, kv_indices, page_size, 
             logger.error("sglang_pd: %s handed decode_prefix_len=%s, %s pages to transfer; plan was %s",
                          req.rid, prefix_len, num_pages, mismatch)
     except Exception:
-        state.count_hook_error("send_kv_metadata")
-        logger.exception("sglang_pd: failed to record the transfer hand-off")
+        state.hook_failed("send_kv_metadata", "failed to record the transfer hand-off")
     _apply_faults(decode_req, page_size, metadata_kwargs)
     result = original(queue, decode_req, kv_indices, page_size, state_indices, **metadata_kwargs)
     if state.faults.take(Fault.TRANSFER_FAIL, int(req.bootstrap_room)):
@@ -268,8 +264,8 @@ def _serve_locally(decode_req, prefix_len: int) -> bool:
         decision = state.local_prefill.decide(len(req.origin_input_ids), prefix_len, _wants_input_logprobs(req),
                                               _unsupported_feature(req))
     except Exception:
-        state.count_hook_error("local_prefill_decide")
-        logger.exception("sglang_pd: deciding decode-local prefill for %s failed; it goes to prefill", req.rid)
+        state.hook_failed("local_prefill_decide", "deciding decode-local prefill for %s failed; it goes to prefill",
+                          req.rid)
         return False
     if decision.fallback is not None:
         logger.info("sglang_pd: %s goes to prefill: %s %s", req.rid, decision.fallback.value, decision.detail)
@@ -281,9 +277,8 @@ def _serve_locally(decode_req, prefix_len: int) -> bool:
     try:
         send_decline(decode_req.kv_receiver, notice)
     except Exception:  # prefill was not told: it must compute the request, so the PD path serves it
-        state.count_hook_error("send_decline")
+        state.hook_failed("send_decline", "could not decline room %s to prefill; %s goes to prefill", room, req.rid)
         state.local_prefill.count_fallback(FallbackReason.DECLINE_UNSENT)
-        logger.exception("sglang_pd: could not decline room %s to prefill; %s goes to prefill", room, req.rid)
         return False
     _enqueue_local(decode_req, prefix_len, decision)
     return True

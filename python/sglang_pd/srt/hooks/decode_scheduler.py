@@ -109,8 +109,7 @@ def _build_local_extend(scheduler, running_batch):
         state.local_prefill.bind_extend(batch)
         batch.prepare_for_extend()
     except Exception as exc:  # never take the scheduler down: these requests fail, loudly, holding nothing
-        state.count_hook_error("local_extend")
-        logger.exception("sglang_pd: building the local extend of %s failed", [str(r.rid) for r in reqs])
+        state.hook_failed("local_extend", "building the local extend of %s failed", [str(r.rid) for r in reqs])
         state.local_prefill.fail(reqs)
         retire_local(scheduler, reqs, f"sglang_pd: decode-local prefill failed: {type(exc).__name__}: {exc}",
                      HTTPStatus.INTERNAL_SERVER_ERROR)

@@ -37,8 +37,7 @@ def around_finalize_bootstrap(original, queue, req):
                                                page_size=page_size,
                                                decode_prefix_len=int(req.disagg_decode_prefix_len))
         except Exception:
-            state.count_hook_error("finalize_bootstrap")
-            logger.exception("sglang_pd: failed to record a prefill bootstrap")
+            state.hook_failed("finalize_bootstrap", "failed to record a prefill bootstrap")
     return finished
 
 
@@ -53,8 +52,7 @@ def after_add(result, queue, req, num_kv_heads):
         state.room_declines.expire()
         fail_declined_room(sender.kv_mgr, int(req.bootstrap_room))
     except Exception:
-        state.count_hook_error("prefill_add")
-        logger.exception("sglang_pd: checking room %s for a decline failed", req.bootstrap_room)
+        state.hook_failed("prefill_add", "checking room %s for a decline failed", req.bootstrap_room)
     return result
 
 

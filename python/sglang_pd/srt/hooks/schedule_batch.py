@@ -27,8 +27,7 @@ def around_load_kv_cache(original, req, req_to_token_pool, token_to_kv_pool_allo
     try:
         restored = state.radix_resume.restore(req, req_to_token_pool, token_to_kv_pool_allocator, load_all)
     except Exception:  # the tree's prefix slots hold the same KV, so a full restore is still correct
-        state.count_hook_error("radix_resume_restore")
-        logger.exception("sglang_pd: partial restore of %s failed; restoring it in full", req.rid)
+        state.hook_failed("radix_resume_restore", "partial restore of %s failed; restoring it in full", req.rid)
         restored = False
     if not restored and req.kv.retraction_backup is not None:
         load_all()

@@ -26,15 +26,35 @@ def run_integrity_check(scheduler) -> None:
                                            idle=scheduler.is_fully_idle()))
 
 
+_MAX_LISTED = 64
+
+
+def queue_rids(scheduler) -> dict[str, list[str]]:
+    """The request ids in each of SGLang's queues of this scheduler (first 64 each; read-only).
+
+    Decode: prealloc -> transfer -> waiting -> running, and retracted; prefill: bootstrap -> waiting
+    -> running -> inflight (sending KV)."""
+    running = scheduler.running_batch.reqs if scheduler.running_batch is not None else []
+    queues = {"waiting": scheduler.waiting_queue, "running": running}
+    prealloc = scheduler.disagg_decode_prealloc_queue
+    if prealloc is not None:
+        queues.update(prealloc=prealloc.queue, retracted=prealloc.retracted_queue,
+                      transfer=scheduler.disagg_decode_transfer_queue.queue)
+    if scheduler.disagg_prefill_bootstrap_queue is not None:
+        queues.update(bootstrap=scheduler.disagg_prefill_bootstrap_queue.queue,
+                      inflight=scheduler.disagg_prefill_inflight_queue or [])
+    return {name: [str(getattr(item, "req", item).rid) for item in list(items)[:_MAX_LISTED]]
+            for name, items in queues.items()}
+
+
 def after_get_internal_state(result, scheduler, recv_req):
-    """Add this scheduler's sglang_pd snapshot (with a fresh integrity check) to the reply."""
+    """Add this scheduler's sglang_pd snapshot (with a fresh integrity check and its queues) to the reply."""
     state = current()
     try:
         run_integrity_check(scheduler)
-        result.internal_state[INTERNAL_STATE_KEY] = state.snapshot()
+        result.internal_state[INTERNAL_STATE_KEY] = dict(state.snapshot(), queues=queue_rids(scheduler))
     except Exception as exc:  # observability must never take the scheduler down
-        state.count_hook_error("get_internal_state")
-        logger.exception("sglang_pd: state snapshot failed")
+        state.hook_failed("get_internal_state", "state snapshot failed")
         result.internal_state[INTERNAL_STATE_KEY] = {"error": f"{type(exc).__name__}: {exc}"}
     return result
 
@@ -69,8 +89,7 @@ def after_init_disaggregation(result, scheduler):
         else:
             state.counters.role, state.counters.backend = role, backend
     except Exception:
-        state.count_hook_error("init_disaggregation")
-        logger.exception("sglang_pd: could not set up metrics")
+        state.hook_failed("init_disaggregation", "could not set up metrics")
     if role == "decode" and state.local_prefill.enabled:
         problem = local_prefill_problem(scheduler, backend)
         if problem:  # the operator asked for it: refuse to start rather than serve without it

@@ -3,7 +3,8 @@
 Adding a hook anywhere else is a bug: `plugin.register()` applies exactly this table, and the unit
 tier checks that every target still resolves in the pinned SGLang and that every hook's signature
 matches its target's (names, kinds, defaults). The functions live beside this file, one module per
-upstream module (or class) they patch.
+upstream module (or class) they patch. `REGISTRY_TABLE` lists the names we add to SGLang's own
+registries (nothing patched: SGLang looks the name up itself), e.g. our attention backend.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from sglang_pd.srt.hooks import (common_conn, common_utils, decode_prealloc_queue, decode_scheduler, http_server,
-                                 mem_cache_common, mooncake_conn, nixl_api, nixl_conn, output_streamer, prefill,
-                                 prefix_cache, schedule_batch, scheduler, tokenizer_manager)
+from sglang_pd.srt.hooks import (attention_backend, common_conn, common_utils, decode_prealloc_queue,
+                                 decode_scheduler, http_server, mem_cache_common, mooncake_conn, nixl_api, nixl_conn,
+                                 output_streamer, prefill, prefix_cache, schedule_batch, scheduler, tokenizer_manager)
 from sglang_pd.srt.state import ProcessKind
 
 _DISAGG = "sglang.srt.disaggregation"
@@ -92,14 +93,24 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         f"{_DISAGG}.common.utils.FastQueue.get", "AFTER", common_utils.after_queue_get,
         ProcessKind.SCHEDULER, "know which room a NIXL transfer worker serves (for page counts / stalls)"),
     HookSpec(
-        f"{_DISAGG}.nixl.conn.NixlKVManager.send_kvcache", "AFTER", nixl_conn.after_send_kvcache,
-        ProcessKind.SCHEDULER, "count the KV pages NIXL itself was asked to move, per room"),
+        f"{_DISAGG}.nixl.conn.NixlKVManager.send_kvcache", "AROUND", nixl_conn.around_send_kvcache,
+        ProcessKind.SCHEDULER, "count the KV pages NIXL itself was asked to move, per room (test fault: the "
+        "send raises, for upstream's prefill-side failure path)"),
+    HookSpec(
+        f"{_DISAGG}.mooncake.conn.MooncakeKVManager._transfer_data", "AROUND", mooncake_conn.around_transfer_data,
+        ProcessKind.SCHEDULER, "split a batch over SGLANG_PD_MOONCAKE_MAX_BATCH_DESCRIPTORS: mooncake's TCP "
+        "transport refuses batches over its per-peer queue limit (page 1, many layers, fragmented pool)"),
+    HookSpec(
+        f"{_DISAGG}.mooncake.conn.MooncakeKVManager.send_kvcache", "AROUND", mooncake_conn.around_send_kvcache,
+        ProcessKind.SCHEDULER, "tests only: an armed prefill_transfer_fail reports the room's send failed "
+        "(upstream's own prefill-side transport failure path); otherwise passes through"),
     HookSpec(
         f"{_DISAGG}.nixl.conn.NixlKVManager._await_handles", "AROUND", nixl_conn.around_await_handles,
         ProcessKind.SCHEDULER, "arm a stall deadline: upstream waits forever on a transfer that never ends"),
     HookSpec(
-        "nixl._api.nixl_agent.check_xfer_state", "AFTER", nixl_api.after_check_xfer_state,
-        ProcessKind.SCHEDULER, "past the deadline a transfer reads ERR, so upstream fails the room"),
+        "nixl._api.nixl_agent.check_xfer_state", "AROUND", nixl_api.around_check_xfer_state,
+        ProcessKind.SCHEDULER, "past the deadline a transfer is cancelled, then reads ERR, so upstream fails "
+        "the room and tells decode (never while a write may still land)"),
     HookSpec(
         f"{_TREE}.lock", "AFTER", prefix_cache.after_lock, ProcessKind.SCHEDULER,
         "record every tree lock with its owner in the LockLedger"),
@@ -193,6 +204,36 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
 def hooks_for(kind: ProcessKind) -> tuple[HookSpec, ...]:
     """The rows of HOOK_TABLE applied in a process of `kind` (read-only)."""
     return tuple(spec for spec in HOOK_TABLE if spec.process is kind)
+
+
+@dataclass(frozen=True)
+class RegistrySpec:
+    """One name we add to an upstream registry (`target`, a module attribute) by calling `add()`."""
+
+    target: str
+    add: Callable[[], None]  # idempotent
+    processes: tuple[ProcessKind, ...]
+    why: str
+
+
+REGISTRY_TABLE: tuple[RegistrySpec, ...] = (
+    # ---- shared-prefix decode attention (issue 17; srt/hooks/attention_backend.py) ----
+    RegistrySpec(
+        "sglang.srt.arg_groups.choices.ATTENTION_BACKEND_CHOICES", attention_backend.register_backend_choice,
+        (ProcessKind.HTTP, ProcessKind.SCHEDULER),
+        "accept --attention-backend / --decode-attention-backend sglang_pd_shared_prefix (the HTTP process "
+        "loads plugins before it parses arguments)"),
+    RegistrySpec(
+        "sglang.srt.layers.attention.attention_registry.ATTENTION_BACKENDS", attention_backend.register_backend_factory,
+        (ProcessKind.SCHEDULER,),
+        "the model runner builds sglang_pd_shared_prefix by name: decode by shared physical prefix around "
+        "TorchNativeAttnBackend"),
+)
+
+
+def registrations_for(kind: ProcessKind) -> tuple[RegistrySpec, ...]:
+    """The rows of REGISTRY_TABLE applied in a process of `kind` (read-only)."""
+    return tuple(spec for spec in REGISTRY_TABLE if kind in spec.processes)
 
 
 def apply_ledger_hooks() -> None:
