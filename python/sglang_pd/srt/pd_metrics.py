@@ -89,6 +89,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "decode_ttft_seconds_predicted": ("gauge", "predicted time to first token of the latest new request"),
     "early_rejected_requests_total": ("counter", "requests refused at the door for a predicted TTFT over target"),
     "early_rejection_probes_total": ("counter", "requests let through as probes while the TTFT predictor said refuse"),
+    "early_rejection_declines_total": ("counter", "refused requests whose prefill half decode declined (answered at once)"),
+    "early_rejection_unrefusable_total": ("counter", "requests let through although over target: their prefill is not known yet, so could not be told"),
     # shared-prefix decode attention (srt/hooks/attention_backend.py; names in shared_attention_stats.py)
     **SHARED_ATTENTION_METRICS,
 }

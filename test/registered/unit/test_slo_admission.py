@@ -192,6 +192,20 @@ def test_controller_refuses_without_remembering_and_counts():
     assert ctl.snapshot()["num_probes"] == 1
 
 
+def test_a_request_whose_prefill_cannot_be_told_is_let_through_and_counted():
+    counters = PDCounters()
+    ctl = SloController(None, 10.0, counters)
+    for i in range(20):
+        ctl.on_entry(f"ok{i}", float(i), i % 5, 32)
+        ctl.on_admitted([f"ok{i}"], float(i) + 0.5 * (i % 5))
+    ctl.ttft_target_s = 1.0
+    assert ctl.on_entry("late", 21.5, 9, 32).reject  # refusable: refused (predicted 4.5 s > 1 s)
+    decision = ctl.on_entry("unknown-prefill", 21.6, 9, 32, refusable=False)
+    assert not decision.reject and ctl.ttft.num_pending == 1  # admitted, learnt from like any other
+    assert counters.values["early_rejection_unrefusable_total"] == 1
+    assert counters.values["early_rejected_requests_total"] == 1 and ctl.snapshot()["num_probes"] == 0
+
+
 def test_a_refusing_predictor_relearns_from_probes():
     ctl = SloController(None, 1.0, PDCounters())
     now = 0.0

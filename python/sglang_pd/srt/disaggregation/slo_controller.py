@@ -61,13 +61,18 @@ class SloController:
         self._gauge("decode_step_seconds_predicted", decision.predicted_step_s)
         return decision.num_admit
 
-    def on_entry(self, rid: str, now_s: float, num_ahead: int, num_uncached_tokens: int) -> RejectionDecision:
-        """A new request reaches decode: refuse it or remember its entry (mutates)."""
+    def on_entry(self, rid: str, now_s: float, num_ahead: int, num_uncached_tokens: int,
+                 refusable: bool = True) -> RejectionDecision:
+        """A new request reaches decode: refuse it or remember its entry (mutates). `refusable` False:
+        the request cannot be refused cleanly (its prefill cannot be told yet): admitted, counted."""
         predicted = self.ttft.predict(num_ahead, num_uncached_tokens)
         self._gauge("decode_ttft_seconds_predicted", predicted)
         if self.ttft_target_s is None:
             return decide_rejection(None, 0.0)
         decision = decide_rejection(predicted, self.ttft_target_s)
+        if decision.reject and not refusable:
+            self.counters.add("early_rejection_unrefusable_total")
+            decision = decide_rejection(None, self.ttft_target_s)
         if decision.reject and self.ttft.take_probe(now_s):
             self.counters.add("early_rejection_probes_total")  # refused ones teach nothing: keep learning
             decision = decide_rejection(None, self.ttft_target_s)

@@ -310,7 +310,8 @@ def _cached_prefix_len(tree, req) -> int:
 
 
 def around_add(original, queue, req, is_retracted: bool = False, is_rebootstrap: bool = False):
-    """A new request reaches decode: refuse it now if its predicted TTFT is over target."""
+    """A new request reaches decode: refuse it now if its predicted TTFT is over target, and tell
+    prefill to answer its half at once (a router waits for both halves)."""
     slo = current().slo
     if (slo.ttft_target_s is None or is_retracted or is_rebootstrap
             or request_kind(req) is not RequestKind.NORMAL):
@@ -318,13 +319,41 @@ def around_add(original, queue, req, is_retracted: bool = False, is_rebootstrap:
     sched = queue.scheduler
     num_ahead = len(queue.queue) + len(sched.disagg_decode_transfer_queue.queue) + len(sched.waiting_queue)
     uncached = len(req.origin_input_ids) - _cached_prefix_len(queue.tree_cache, req)
-    decision = slo.on_entry(str(req.rid), time.perf_counter(), num_ahead, uncached)
+    prefill_dp_rank = queue._resolve_prefill_dp_rank(req)  # cache lookup only; None: prefill not met yet
+    decision = slo.on_entry(str(req.rid), time.perf_counter(), num_ahead, uncached,
+                            refusable=prefill_dp_rank is not None)
     if decision.reject and req.finished_reason is None:
         from sglang.srt.disaggregation.utils import prepare_abort
 
         # Upstream's door: an aborted request that holds nothing is retired at once (no receiver, no
-        # page, no lock) and its 503 streamed. Prefill never hears from this decode: the router (or
-        # client) that sent the pair aborts the prefill half, as it does for any failed decode.
+        # page, no lock) and its 503 streamed. Prefill is declined first: its half answers 200 at once
+        # (a router then passes decode's 503 through) instead of waiting for this decode until timeout.
         logger.warning("sglang_pd: %s refused: %s", req.rid, decision.message)
+        _decline_refused(queue, req, prefill_dp_rank, decision.message)
         prepare_abort(req, decision.message, status_code=HTTPStatus.SERVICE_UNAVAILABLE)
     return original(queue, req, is_retracted=is_retracted, is_rebootstrap=is_rebootstrap)
+
+
+def _decline_refused(queue, req, prefill_dp_rank: int, message: str) -> None:
+    """Tell prefill to drop a request decode refused at the door, through a receiver made for that
+    alone (initialised, declined, cleared: it holds nothing afterwards). A failure is counted and logged;
+    prefill's half then waits for SGLang's bootstrap timeout, as without sglang_pd."""
+    from sglang.srt.disaggregation.base import KVPoll
+    from sglang.srt.disaggregation.decode import _bootstrap_addr
+    from sglang.srt.disaggregation.utils import KVClassType, get_kv_class
+
+    state, room = current(), int(req.bootstrap_room)
+    receiver = get_kv_class(queue.transfer_backend, KVClassType.RECEIVER)(
+        mgr=queue.kv_manager, bootstrap_addr=_bootstrap_addr(req), bootstrap_room=req.bootstrap_room)
+    try:
+        receiver.init(prefill_dp_rank)
+        if receiver.conclude_state == KVPoll.Failed:
+            raise RuntimeError(f"receiver for room {room} failed to initialise")
+        send_decline(receiver, DeclineNotice(room, None, message))
+        state.counters.add("early_rejection_declines_total")
+    except Exception:
+        state.hook_failed("early_rejection_decline", "could not decline refused room %s to prefill", room)
+    finally:
+        receiver.clear()
+        with queue.kv_manager.failure_lock:
+            queue.kv_manager.failure_records.pop(room, None)
