@@ -38,6 +38,7 @@ def assert_lock_held(dep: PDDeployment, rid: str) -> None:
     """The ledger shows `rid` holding (at least) one tree lock now: the exit about to run has one to release."""
     owners = dep.scheduler_state(dep.decodes[0])["lock_ledger"]["owners"]
     assert owners.get(rid, 0) >= 1, f"{rid} holds no lock before its exit: {owners}"
+    print(f"\nLOCKS BEFORE EXIT {rid}: {owners[rid]} held by it, {sum(owners.values())} on decode")
 
 
 def assert_released_once(reports: dict, rid: str, num_tokens: int) -> None:
