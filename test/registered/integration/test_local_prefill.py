@@ -6,7 +6,6 @@ NIXL as well as mooncake_tcp, SGLang's overlap and normal decode loops; threshol
 import concurrent.futures as cf
 import json
 import random
-import threading
 import time
 import uuid
 
@@ -14,6 +13,7 @@ import pytest
 import requests
 
 from conftest import LOG_ROOT, WAITING_TIMEOUT_S
+from lock_checks import in_background
 from sglang_pd.config import LOCAL_PREFILL_STEP_TOKENS, LOCAL_PREFILL_TOKENS
 from sglang_pd.harness import DeploymentConfig, PDDeployment
 from sglang_pd.launch_router import ROUTING_KEY_HEADER
@@ -66,20 +66,6 @@ def _primed(dep: PDDeployment, seed: int, new_tokens: int = 8) -> list[int]:
     _, decoded, _ = dep.generate_pd(conv, new_tokens)
     assert decoded["meta_info"]["decode_prefill_path"] == "prefill"
     return conv + decoded["output_ids"] + _tokens(seed + 1, 8)
-
-
-def _in_background(fn, *args, **kwargs) -> dict:
-    out: dict = {}
-
-    def run():
-        try:
-            out["resp"] = fn(*args, **kwargs)
-        except Exception as exc:  # surfaced by the test's assertions
-            out["error"] = exc
-
-    out["thread"] = threading.Thread(target=run, daemon=True)
-    out["thread"].start()
-    return out
 
 
 def _wait(predicate, what: str, timeout_s: float = 60):
@@ -172,7 +158,7 @@ def test_abort_while_queued_for_the_local_extend(pd_local: PDDeployment):
     prompt = _primed(dep, 400)
     rid, room = f"local-queued-{uuid.uuid4().hex[:6]}", random.randrange(1, 2**62)
     dep.arm_faults(dep.decodes[0], local_queue_hold_room=room)  # waits 5 s in the local queue
-    job = _in_background(dep.post_generate_pd, prompt, 16, rid=rid, room=room)
+    job = in_background(dep.post_generate_pd, prompt, 16, rid=rid, room=room)
     record = _wait(lambda: _local(dep)["requests"].get(rid), "the request to be queued locally")
     assert record["state"] == "queued"
     ledger = dep.scheduler_state(dep.decodes[0])["lock_ledger"]
@@ -193,7 +179,7 @@ def test_abort_during_the_local_extend(pd_local: PDDeployment):
     prompt = _primed(dep, 500)
     rid, room = f"local-extend-{uuid.uuid4().hex[:6]}", random.randrange(1, 2**62)
     dep.arm_faults(dep.decodes[0], local_extend_delay_room=room)  # its extend starts 3 s late
-    job = _in_background(dep.post_generate_pd, prompt, 64, rid=rid, room=room)
+    job = in_background(dep.post_generate_pd, prompt, 64, rid=rid, room=room)
     # The decline answers prefill's half before the extend is even planned; the extend then runs (and
     # sleeps) in the scheduler, so this abort is read when the request is in the extend batch.
     _wait(lambda: str(room) in _prefill(dep)["declines"], "prefill to answer the declined half")
