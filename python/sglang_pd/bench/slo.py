@@ -1,8 +1,10 @@
 """SLO side of the multi-turn benchmark: configurations to compare, SLO attainment, goodput, plots.
 
-A configuration name is `off` or `on` (decode radix cache) optionally followed by `+itl` (decode
-admission under SGLANG_PD_ITL_TARGET_MS) and `+reject` (early rejection under
-SGLANG_PD_TTFT_TARGET_MS), e.g. `off,on,on+itl,on+itl+reject`. A request meets the SLO when it
+A configuration name is `off` or `on` (decode radix cache, sglang_pd active) optionally followed by
+`+itl` (decode admission under SGLANG_PD_ITL_TARGET_MS) and `+reject` (early rejection under
+SGLANG_PD_TTFT_TARGET_MS), e.g. `off,on,on+itl,on+itl+reject`; or `on-upstream`: upstream's
+`--disaggregation-decode-enable-radix-cache` with the sglang_pd plugin not loaded (no +features:
+they are settings of the plugin). A request meets the SLO when it
 completed, its TTFT <= the TTFT target and its mean inter-token gap (TPOT) <= the ITL target; a
 refused request (503) never does. Goodput = requests meeting the SLO per second of the run.
 """
@@ -16,6 +18,8 @@ from sglang_pd.bench.report import pyplot
 from sglang_pd.config import ITL_TARGET_MS as ITL_ENV, TTFT_TARGET_MS as TTFT_ENV
 
 _FEATURES = ("itl", "reject")
+# base name -> (decode radix cache on, sglang_pd plugin loaded)
+_BASES = {"off": (False, True), "on": (True, True), "on-upstream": (True, False)}
 
 
 @dataclass(frozen=True)
@@ -25,6 +29,7 @@ class BenchConfig:
     name: str
     decode_radix: bool
     env: tuple[tuple[str, str], ...] = ()
+    plugin: bool = True  # False: the servers run SGLang without sglang_pd (upstream alone)
 
 
 @dataclass(frozen=True)
@@ -42,12 +47,16 @@ class SloTargets:
 
 
 def parse_configs(text: str, itl_target_ms: float | None, ttft_target_ms: float | None) -> list[BenchConfig]:
-    """Configurations from `off,on,on+itl,...`; raises ValueError naming what is wrong or missing."""
+    """Configurations from `off,on,on-upstream,on+itl,...`; raises ValueError naming what is wrong or missing."""
     configs = []
     for name in [n.strip() for n in text.split(",") if n.strip()]:
         base, *features = name.split("+")
-        if base not in ("off", "on") or any(f not in _FEATURES for f in features):
-            raise ValueError(f"unknown configuration {name!r}: use off|on, then optional +itl, +reject")
+        if base not in _BASES or any(f not in _FEATURES for f in features):
+            raise ValueError(f"unknown configuration {name!r}: use off|on|on-upstream, then optional +itl, +reject")
+        decode_radix, plugin = _BASES[base]
+        if features and not plugin:
+            raise ValueError(f"configuration {name!r}: +itl and +reject are sglang_pd settings; "
+                             f"{base} runs without the plugin")
         env = []
         if "itl" in features:
             if itl_target_ms is None:
@@ -57,7 +66,7 @@ def parse_configs(text: str, itl_target_ms: float | None, ttft_target_ms: float 
             if ttft_target_ms is None:
                 raise ValueError(f"configuration {name!r} needs --ttft-target-ms")
             env.append((TTFT_ENV, f"{ttft_target_ms:g}"))
-        configs.append(BenchConfig(name, base == "on", tuple(env)))
+        configs.append(BenchConfig(name, decode_radix, tuple(env), plugin))
     if not configs:
         raise ValueError("no configuration given")
     return configs
