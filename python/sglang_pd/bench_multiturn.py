@@ -152,9 +152,10 @@ def _clean_after_run(dep: PDDeployment) -> dict:
     """Whether the pair went idle and clean after the run (PDDeployment.wait_clean), not raised:
     a leak is a finding to record beside the figures."""
     try:
-        dep.wait_clean(timeout_s=60)
-        return {"clean": True, "checked_by": "sglang_pd integrity check" if dep.config.plugin else
-                "SGLang /v1/loads + idle-check log (lock owners not checkable)"}
+        reports = dep.wait_clean(timeout_s=60)
+        return {"clean": True, "checked_by": {name: "sglang_pd integrity check" if "integrity" in r else
+                                              "SGLang /v1/loads + idle-check log (lock owners not checkable)"
+                                              for name, r in reports.items()}}
     except AssertionError as exc:
         return {"clean": False, "detail": str(exc)[:2000]}
 
@@ -208,6 +209,7 @@ def _run_all(args, cfg: WorkloadConfig) -> tuple[dict, dict, dict]:
 def main(argv=None) -> int:
     args = parse_args(argv)
     cfg = workload_config(args)
+    t0 = time.perf_counter()
     results, outputs, failures = _run_all(args, cfg)
     pareto = _pareto_points(args, cfg, results) if args.pareto and not args.prefill_url else {}
     same = _identical_outputs(outputs)
@@ -219,7 +221,8 @@ def main(argv=None) -> int:
               "configs": [dataclasses.asdict(c) for c in args.configs],
               "results": results, "pareto": pareto, "identical_outputs": same,
               "identical_outputs_off_vs_on": same.get("off vs on"),
-              "start_failures": {n: f.as_dict() for n, f in failures.items()}}
+              "start_failures": {n: f.as_dict() for n, f in failures.items()},
+              "wall_time_s": time.perf_counter() - t0}  # every configuration, start-ups and stops included
     (out / f"bench_multiturn_{args.preset}.json").write_text(json.dumps(report, indent=2))
     for failure in failures.values():
         failure.write_log(out / f"bench_multiturn_{args.preset}_{failure.config}_start_failure.log")

@@ -288,7 +288,8 @@ class PDDeployment:
         """Wait until every PD server (or `servers`) is idle and clean; returns their reports.
 
         With sglang_pd: idle with a passing integrity check (no lock, nothing in flight, every token
-        accounted for). Without it (config.plugin False), what SGLang itself shows
+        accounted for). Without it (config.plugin False), or on a decode server with the radix cache off
+        (no tree to check), what SGLang itself shows
         (upstream_state.idle_report: no request in any queue, no KV token held outside the evictable
         tree, no leak warning from SGLang's idle check); lock owners and double releases cannot be
         checked then. Raises AssertionError with the last reports if time runs out.
@@ -305,11 +306,12 @@ class PDDeployment:
             time.sleep(0.5)
 
     def _clean_report(self, server: ServerProcess) -> dict:
-        if not self.config.plugin:
+        state = self.scheduler_state(server) if self.config.plugin else None
+        if state is None or state.get("integrity") is None:
+            # No sglang_pd, or no radix tree to check (decode with the radix cache off): SGLang's view.
             report = upstream_state.idle_report(server.url, server.log_path)
             return {"idle": report["idle"], "ok": report["ok"], "report": report, "summary": report}
-        state = self.scheduler_state(server)
-        integrity = state.get("integrity") or {}
+        integrity = state["integrity"]
         return {"idle": integrity.get("idle"), "ok": integrity.get("ok"), "report": state,
                 "summary": {"integrity": state.get("integrity"), "lock_ledger": state.get("lock_ledger")}}
 
