@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from conftest import LOG_ROOT
+from conftest import LOG_ROOT, record_figures
 from sglang_pd.harness import DeploymentConfig, PDDeployment
 from sglang_pd.harness.upstream_state import metric_totals
 from sglang_pd.models import VOCAB_SIZE, model_config
@@ -49,6 +49,8 @@ def test_upstream_alone_serves_our_outputs_and_exposes_only_its_own_figures(pd_u
     ours_pages = (_kv_mb(pd_page16) - ours0) * 2**20 / _bytes_per_page()
     print(f"\nUPSTREAM_ALONE pages sent by SGLang's metric: upstream {sent_pages:.0f}, ours {ours_pages:.0f}, "
           f"without decode reuse {full_pages}")
+    record_figures("upstream_alone", {"pages_sent_upstream_alone": sent_pages, "pages_sent_sglang_pd": ours_pages,
+                                      "pages_without_decode_reuse": full_pages})
     assert 0 < sent_pages < full_pages, "upstream's flag alone reuses the decode tree on turns 2-3"
     assert sent_pages == pytest.approx(ours_pages), "the plugin moves the same KV as upstream's mechanism"
     reports = pd_upstream.wait_clean()
