@@ -9,8 +9,9 @@ from pathlib import Path
 
 from sglang_pd.harness import ServerProcess
 
-# Lines that name a failure in an SGLang server log (Python exceptions, NIXL status codes).
-ERROR_LINE = re.compile(r"NIXL_ERR|Error\b|Exception\b|Traceback")
+# Lines that name a failure in an SGLang server log: Python exceptions, NIXL status codes, and the
+# glog-style error lines NIXL/UCX write ("E1123 17:50:14.839467 ... VRAM registration cannot proceed.").
+ERROR_LINE = re.compile(r"NIXL_ERR|Error\b|Exception\b|Traceback|^E\d{4} \d\d:")
 TAIL_LINES = 60
 
 

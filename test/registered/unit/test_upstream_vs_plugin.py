@@ -81,7 +81,8 @@ def test_upstream_idle_means_no_request_and_no_held_token_and_no_leak_line(tmp_p
 
 
 def test_start_failure_records_the_server_and_its_error_line(tmp_path):
-    script = ("import sys; print('loading'); print('nixl._bindings.nixlBackendError: NIXL_ERR_BACKEND', "
+    script = ("import sys; print('loading'); print('E1123 17:50:14.839467   12321 ucx_utils.cpp:674] VRAM "
+              "registration cannot proceed.'); print('nixl._bindings.nixlBackendError: NIXL_ERR_BACKEND', "
               "file=sys.stderr); raise SystemExit(1)")
     server = ServerProcess("decode0", [sys.executable, "-c", script], dict(os.environ), free_port(), tmp_path)
     server.start()
@@ -91,7 +92,9 @@ def test_start_failure_records_the_server_and_its_error_line(tmp_path):
     failure = StartFailure.from_servers("on-upstream", [server], tmp_path, exc.value)
     assert failure.error.startswith("decode0 exited with 1")
     assert failure.servers[0].exit_code == 1
-    assert failure.servers[0].error_lines == ["nixl._bindings.nixlBackendError: NIXL_ERR_BACKEND"]
+    assert failure.servers[0].error_lines == [
+        "E1123 17:50:14.839467   12321 ucx_utils.cpp:674] VRAM registration cannot proceed.",
+        "nixl._bindings.nixlBackendError: NIXL_ERR_BACKEND"]
     assert "decode0 (exit code 1): nixl._bindings.nixlBackendError: NIXL_ERR_BACKEND" in failure.describe()
     failure.write_log(tmp_path / "failure.log")
     assert "==== decode0: last 60 log lines ====\n$ " in (tmp_path / "failure.log").read_text()
