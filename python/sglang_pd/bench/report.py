@@ -53,6 +53,7 @@ def summarize(records: list[RequestRecord], duration_s: float, transfer: dict | 
         "kv_pages_transferred": None if transfer is None else transfer.get("pages", 0),
         "kv_bytes_transferred": None if transfer is None else transfer.get("bytes", 0),
         "duration_s": duration_s, "per_round": per_round,
+        "errors": sorted({r.result.error for r in records if not r.result.ok and not r.result.rejected})[:5],
     }
 
 
