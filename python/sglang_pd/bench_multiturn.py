@@ -6,6 +6,9 @@
     python -m sglang_pd.bench_multiturn --preset capacity --configs off,on,on+itl,on+itl+reject \
         --itl-target-ms 40 --ttft-target-ms 3000 --pareto-itl-targets 30,60   # SLO comparison + Pareto plot
     python -m sglang_pd.bench_multiturn --preset capacity --configs off,on-upstream,on   # what the plugin adds
+    python -m sglang_pd.bench_multiturn --preset short --configs off,on,on+local --local-prefill-tokens 64 \
+        --local-sweep 16,64,256 --out-dir docs/local_prefill        # decode-local prefill + threshold sweep
+    python -m sglang_pd.bench_multiturn --preset capacity --configs off,on,off+shared,on+shared   # decode attention
 
 Each configuration gets its own fresh PD deployment (started, primed with the shared system prompt,
 measured, stopped). Prints a table (TTFT p50/p90/p99, ITL, request and token throughput, decode hit
@@ -15,7 +18,10 @@ upstream's decode radix cache flag with sglang_pd not loaded: its figures come f
 exposes (its /metrics; decode hit rate and page counts read n/a), and a configuration whose servers
 do not start is recorded with the log lines that say why. With SLO targets it also
 scores every request (bench/slo.py: attainment, goodput; plots), and `--pareto-itl-targets` adds one
-`on+itl` run per target and plots TTFT p50 against ITL p50.
+`on+itl` run per target and plots TTFT p50 against ITL p50. `+local` configurations serve requests
+whose uncached prompt part is at most `--local-prefill-tokens` on decode (prefill declines them);
+`--local-sweep` adds one such run per threshold (threshold 0 is the `on` run). Greedy outputs of every
+configuration are compared with OFF's.
 """
 
 from __future__ import annotations
@@ -33,7 +39,7 @@ from tqdm import tqdm
 
 from sglang_pd.bench.multiturn_workload import WorkloadConfig, run_workload, system_prompt
 from sglang_pd.bench.pd_client import pd_stream
-from sglang_pd.bench.report import format_table, plot, summarize
+from sglang_pd.bench.report import format_table, plot, plot_summary, summarize
 from sglang_pd.bench.server_figures import ServerFigures
 from sglang_pd.bench.slo import BenchConfig, SloTargets, parse_configs, plot_pareto, plot_slo, slo_figures
 from sglang_pd.bench.start_failure import StartFailure
@@ -57,14 +63,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(PRESETS), default="short")
     p.add_argument("--configs", "--modes", dest="configs", default="off,on",
-                   help="configurations to run, in order, each on a fresh PD pair: off|on[+itl][+reject]|on-upstream")
+                   help="configurations to run, in order, each on a fresh PD pair: "
+                        "off|on[+itl][+reject][+shared][+local]|on-upstream")
     p.add_argument("--itl-target-ms", type=float, help="ITL target: +itl configs run with it; requests are scored on it")
     p.add_argument("--ttft-target-ms", type=float, help="TTFT target: +reject configs run with it; requests scored on it")
     p.add_argument("--pareto-itl-targets", default="",
                    help="comma list of ITL targets (ms): one extra on+itl run each, plotted TTFT p50 vs ITL p50")
+    p.add_argument("--local-prefill-tokens", type=int, default=64,
+                   help="decode-local prefill threshold of +local configurations (uncached prompt tokens)")
+    p.add_argument("--local-sweep", default="",
+                   help="comma list of thresholds: one extra on+local run each (0 = the on run), swept table")
     p.add_argument("--model", help="built-in model (overrides the preset's)")
     p.add_argument("--transfer-backend", default="mooncake_tcp", choices=("mooncake_tcp", "nixl"))
     p.add_argument("--page-size", type=int, help="KV page size (overrides the preset's)")
+    p.add_argument("--decode-max-total-tokens", type=int, help="decode KV pool in tokens (overrides the preset's)")
     for name in WORKLOAD_FLAGS:
         kind = {"request_rate": float, "round_barrier": None}.get(name, int)
         flag = "--" + name.replace("_", "-")
@@ -81,9 +93,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     if any(attach) and not all(attach):
         p.error("attach mode needs all of --prefill-url, --decode-url and --bootstrap-port")
     try:
-        args.configs = parse_configs(args.configs, args.itl_target_ms, args.ttft_target_ms)
+        args.configs = parse_configs(args.configs, args.itl_target_ms, args.ttft_target_ms, args.local_prefill_tokens)
         args.pareto = [float(t) for t in args.pareto_itl_targets.split(",") if t.strip()]
         args.pareto_configs = [parse_configs("on+itl", t, None)[0] for t in args.pareto]
+        args.sweep = [int(t) for t in args.local_sweep.split(",") if t.strip()]
+        args.sweep_configs = [parse_configs("on+local" if t else "on", None, None, t)[0] for t in args.sweep]
     except ValueError as exc:
         p.error(str(exc))
     args.slo = SloTargets(*(None if v is None else v / 1000 for v in (args.ttft_target_ms, args.itl_target_ms)))
@@ -116,8 +130,10 @@ def measure(prefill_url, decode_url, bootstrap_port, cfg: WorkloadConfig, label:
     summary.update(figures.delta(before, after), sglang_pd=figures.plugin)
     if slo is not None and (slo.ttft_s or slo.itl_s):
         summary.update(slo_figures([r.result for r in records], duration, slo))
-    summary["decode_slo"] = (PDDeployment.get_json(decode_url, "/sglang_pd/stats")["schedulers"][0].get("slo")
-                             if figures.plugin else None)
+    decode_state = (PDDeployment.get_json(decode_url, "/sglang_pd/stats")["schedulers"][0]
+                    if figures.plugin else {})
+    summary["decode_slo"] = decode_state.get("slo")
+    summary["decode_shared_attention"] = decode_state.get("shared_attention")
     return summary, outputs
 
 
@@ -131,8 +147,11 @@ def run_config(config: BenchConfig, args, cfg: WorkloadConfig):
         deploy["model"] = args.model
     if args.page_size:
         deploy["page_size"] = args.page_size
+    if args.decode_max_total_tokens:
+        deploy["decode_max_total_tokens"] = args.decode_max_total_tokens
     t0 = time.perf_counter()
-    dep = PDDeployment(DeploymentConfig(decode_radix=config.decode_radix, **deploy))
+    dep = PDDeployment(DeploymentConfig(decode_radix=config.decode_radix,
+                                        decode_attention_backend=config.decode_attention_backend, **deploy))
     try:
         dep.start()
     except ServerStartError as exc:
@@ -176,6 +195,28 @@ def _pareto_points(args, cfg: WorkloadConfig, results: dict) -> dict[str, dict]:
     return points
 
 
+def _sweep_points(args, cfg: WorkloadConfig, results: dict) -> dict:
+    """One run per swept threshold (reusing a main run of the same configuration)."""
+    points = {}
+    for threshold, config in zip(args.sweep, args.sweep_configs):
+        point = results[config.name] if config in args.configs else run_config(config, args, cfg)[0]
+        if isinstance(point, StartFailure):
+            raise RuntimeError(point.describe())
+        points[threshold] = point
+    return points
+
+
+def format_sweep(points: dict) -> str:
+    """Markdown table: one row per decode-local prefill threshold."""
+    lines = ["| threshold (tokens) | TTFT p50 (s) | TTFT p90 (s) | ITL p50 (ms) | req/s | served decode-locally "
+             "| prefill tokens computed | KV pages moved |", "|---|---|---|---|---|---|---|---|"]
+    for threshold, r in sorted(points.items()):
+        lines.append(f"| {threshold} | {r['ttft_p50_s']:.3f} | {r['ttft_p90_s']:.3f} | {r['itl_p50_ms']:.1f} | "
+                     f"{r['request_throughput']:.2f} | {r.get('local_requests', 0)}/{r['requests']} | "
+                     f"{r['prefill_computed_tokens']:.0f} | {r['kv_pages_transferred']:.0f} |")
+    return "\n".join(lines)
+
+
 def _write_pareto(args, results: dict, pareto: dict, out: Path) -> None:
     refs = [(f"radix {n}", results[n]) for n in ("off", "on") if n in results]
     pts = [(label, r["ttft_p50_s"], r["itl_p50_ms"]) for label, r in refs + list(pareto.items())]
@@ -183,11 +224,14 @@ def _write_pareto(args, results: dict, pareto: dict, out: Path) -> None:
     print("\nPareto (TTFT p50 s, ITL p50 ms): " + "; ".join(f"{lbl}: {t:.3f}, {i:.1f}" for lbl, t, i in pts))
 
 
-def _identical_outputs(outputs: dict[str, dict]) -> dict[str, int]:
-    """Per pair of configurations that both ran: how many (client, round) greedy outputs are equal."""
-    names = [n for n in ("off", "on-upstream", "on") if n in outputs]
-    return {f"{a} vs {b}": sum(outputs[a][k] == outputs[b].get(k) for k in outputs[a])
-            for i, a in enumerate(names) for b in names[i + 1:]}
+def identical_outputs(outputs: dict[str, dict]) -> dict:
+    """Greedy outputs of every configuration compared with the reference (`off`, else the first run)."""
+    if not outputs:
+        return {"reference": None, "num_outputs": 0, "counts": {}}
+    ref = "off" if "off" in outputs else next(iter(outputs))
+    return {"reference": ref, "num_outputs": len(outputs[ref]),
+            "counts": {name: sum(outputs[ref][k] == out.get(k) for k in outputs[ref])
+                       for name, out in outputs.items() if name != ref}}
 
 
 def _run_all(args, cfg: WorkloadConfig) -> tuple[dict, dict, dict]:
@@ -212,15 +256,17 @@ def main(argv=None) -> int:
     t0 = time.perf_counter()
     results, outputs, failures = _run_all(args, cfg)
     pareto = _pareto_points(args, cfg, results) if args.pareto and not args.prefill_url else {}
-    same = _identical_outputs(outputs)
+    sweep = _sweep_points(args, cfg, results) if args.sweep and not args.prefill_url else {}
+    identical = identical_outputs(outputs)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     report = {"preset": args.preset, "machine": machine(), "workload": dataclasses.asdict(cfg),
               "deployment": PRESETS[args.preset][1], "model": args.model, "page_size": args.page_size,
+              "decode_max_total_tokens": args.decode_max_total_tokens,
               "transfer_backend": args.transfer_backend, "slo": args.slo.describe(),
               "configs": [dataclasses.asdict(c) for c in args.configs],
-              "results": results, "pareto": pareto, "identical_outputs": same,
-              "identical_outputs_off_vs_on": same.get("off vs on"),
+              "results": results, "pareto": pareto, "local_sweep": {str(t): r for t, r in sweep.items()},
+              "identical_outputs": identical,
               "start_failures": {n: f.as_dict() for n, f in failures.items()},
               "wall_time_s": time.perf_counter() - t0}  # every configuration, start-ups and stops included
     (out / f"bench_multiturn_{args.preset}.json").write_text(json.dumps(report, indent=2))
@@ -228,24 +274,27 @@ def main(argv=None) -> int:
         failure.write_log(out / f"bench_multiturn_{args.preset}_{failure.config}_start_failure.log")
     if results:
         plot(results, str(out / f"bench_multiturn_{args.preset}.png"))
+        plot_summary(results, str(out / f"bench_multiturn_{args.preset}_summary.png"))
     if results and all("slo_attainment" in r for r in results.values()):
         plot_slo(results, str(out / f"bench_multiturn_{args.preset}_slo.png"))
     print(f"\nbench_multiturn preset={args.preset} backend={args.transfer_backend} on {machine()}")
     print(f"workload: {json.dumps(dataclasses.asdict(cfg))}; SLO scored: {args.slo.describe()}\n")
     if results:
         print(format_table(results))
-    for pair, num_same in same.items():
-        print(f"\nidentical greedy outputs {pair}: {num_same}/{len(outputs[pair.split(' vs ')[0]])}")
+    for name, count in identical["counts"].items():
+        print(f"identical greedy outputs {identical['reference']} vs {name}: {count}/{identical['num_outputs']}")
     for name, result in results.items():
         if not result.get("clean_after_run", {"clean": True})["clean"]:
             print(f"\nWARNING [{name}] servers not idle and clean after the run: "
                   f"{result['clean_after_run']['detail'][:600]}")
     for failure in failures.values():
         print(f"\n{failure.describe()}")
+    if sweep:
+        print("\ndecode-local prefill threshold sweep:\n" + format_sweep(sweep))
     if pareto:
         _write_pareto(args, results, pareto, out)
     print(f"\nJSON and PNGs in {out}/")
-    ran_ok = all(r["failed"] == 0 for r in [*results.values(), *pareto.values()])
+    ran_ok = all(r["failed"] == 0 for r in [*results.values(), *pareto.values(), *sweep.values()])
     return 0 if ran_ok and not failures else 1
 
 

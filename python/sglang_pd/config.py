@@ -22,6 +22,10 @@ BATCHED_EVICTION = f"{PREFIX}BATCHED_EVICTION"
 MODEL_DIR = f"{PREFIX}MODEL_DIR"
 ITL_TARGET_MS = f"{PREFIX}ITL_TARGET_MS"
 TTFT_TARGET_MS = f"{PREFIX}TTFT_TARGET_MS"
+LOCAL_PREFILL_TOKENS = f"{PREFIX}LOCAL_PREFILL_TOKENS"
+LOCAL_PREFILL_STEP_TOKENS = f"{PREFIX}LOCAL_PREFILL_STEP_TOKENS"
+TEST_LOGS = f"{PREFIX}TEST_LOGS"
+MOONCAKE_MAX_BATCH_DESCRIPTORS = f"{PREFIX}MOONCAKE_MAX_BATCH_DESCRIPTORS"
 
 
 class SettingsError(ValueError):
@@ -46,10 +50,30 @@ def _positive(unit: str, scale: float = 1.0) -> Callable[[str], float]:
     return parse
 
 
+def _count(minimum: int) -> Callable[[str], int]:
+    """A parser of a whole number of tokens >= `minimum`."""
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise ValueError("is not a whole number of tokens") from None
+        if number < minimum:
+            raise ValueError(f"must be >= {minimum} tokens")
+        return number
+
+    return parse
+
+
 def _flag(value: str) -> bool:
     if value not in ("0", "1"):
         raise ValueError("must be 0 or 1")
     return value == "1"
+
+
+def _whole(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError("must be a whole number >= 1")
+    return int(value)
 
 
 def _folder(value: str) -> Path:
@@ -91,6 +115,19 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(TTFT_TARGET_MS, "ttft_target_s", None,
             "decode: refuse a new request at once (HTTP 503 + Retry-After) when its predicted time to "
             "first token exceeds this many ms", _positive("milliseconds", 1e-3)),
+    # Decode-local prefill (srt/disaggregation/local_prefill.py); 0 = off = every request goes to prefill.
+    Setting(LOCAL_PREFILL_TOKENS, "local_prefill_tokens", "0",
+            "decode: when at most this many prompt tokens are missing from the decode radix tree, decode "
+            "computes them itself and tells prefill to drop the request (0 = off)", _count(0)),
+    Setting(LOCAL_PREFILL_STEP_TOKENS, "local_prefill_step_tokens", "256",
+            "decode: at most this many local-prefill tokens run between two decode steps (protects ITL); "
+            f"must be >= {LOCAL_PREFILL_TOKENS}", _count(1)),
+    Setting(MOONCAKE_MAX_BATCH_DESCRIPTORS, "mooncake_max_batch_descriptors", "512",
+            "mooncake: a transfer batch with more descriptors is sent as consecutive batches of at most this "
+            "many (its TCP transport refuses a batch over its per-peer queue limit: ~2,048 here)", _whole),
+    Setting(TEST_LOGS, "test_logs", None,
+            "tests only: folder where the integration tier keeps server logs (default /tmp/sglang_pd-test-logs)",
+            _folder),
 )
 
 
@@ -105,6 +142,10 @@ class Settings:
     model_dir: Path | None = None
     itl_target_s: float | None = None
     ttft_target_s: float | None = None
+    local_prefill_tokens: int = 0
+    local_prefill_step_tokens: int = 256
+    mooncake_max_batch_descriptors: int = 512
+    test_logs: Path | None = None
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
@@ -131,10 +172,21 @@ def _parse(env: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
             values[setting.field] = setting.parse(raw)
         except ValueError as exc:
             problems.append(f"{setting.name}={raw!r} {exc}")
+    problems += _conflicts(values)
     known = {s.name for s in SETTINGS}
     problems += [f"{name} is not a sglang_pd setting (known: {', '.join(sorted(known))})"
                  for name in env if name.startswith(PREFIX) and name not in known]
     return values, problems
+
+
+def _conflicts(values: dict[str, Any]) -> list[str]:
+    """Settings that are fine alone but not together, one message naming both."""
+    threshold = values.get("local_prefill_tokens", 0)
+    step = values.get("local_prefill_step_tokens", Settings.local_prefill_step_tokens)
+    if threshold > step:
+        return [f"{LOCAL_PREFILL_TOKENS}={threshold} exceeds {LOCAL_PREFILL_STEP_TOKENS}={step}: a request's "
+                "uncached tokens run in one local extend, which must fit one step's budget"]
+    return []
 
 
 def problems(environ: Mapping[str, str] | None = None) -> list[str]:

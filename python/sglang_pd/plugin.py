@@ -3,8 +3,9 @@
 SGLang calls `register()` in every process it starts (HTTP server, each scheduler, detokenizer,
 DP controller). We parse the settings once, build this process's objects (`srt/state.py`) and register
 only the hook-table rows meant for this process; SGLang's `HookRegistry.apply_hooks()` then patches
-them. On any SGLang version other than the pinned one, or with a bad setting, we log and register
-nothing, so an upgrade cannot silently run half-patched.
+them. On any SGLang version other than the pinned one we log one line and register nothing, so an
+upgrade cannot silently run half-patched. A bad or unknown `SGLANG_PD_*` setting stops the process at
+start with one line naming it: a server must not run without the guards its operator configured.
 """
 
 from __future__ import annotations
@@ -51,19 +52,20 @@ def register() -> None:
     try:
         settings = Settings.from_env()
     except SettingsError as exc:
-        for problem in exc.problems:
-            _log(f"bad setting: {problem}")
-        _refuse("bad settings: " + "; ".join(exc.problems) + "; plugin NOT active")
-        return
+        _refuse("refusing to start: bad setting: " + "; ".join(exc.problems))
+        raise SystemExit(2) from None  # the line above says why
 
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from sglang_pd.srt.hooks.table import hooks_for
+    from sglang_pd.srt.hooks.table import hooks_for, registrations_for
 
     state = process_state.build_state(kind, settings)
     process_state.install(state)
     for spec in hooks_for(kind):
         HookRegistry.register(spec.target, spec.fn, HookType[spec.hook_type])
         state.applied_hooks.append(f"{spec.hook_type} {spec.target}")
+    for entry in registrations_for(kind):
+        entry.add()
+        state.applied_hooks.append(f"REGISTER {entry.target}")
     _log(f"sglang_pd {sglang_pd.__version__} active in {kind.value} process; hooks: "
          + (", ".join(state.applied_hooks) or "none"))

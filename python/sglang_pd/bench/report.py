@@ -23,10 +23,12 @@ def _hit_tokens(results) -> int:
 
 
 def summarize(records: list[RequestRecord], duration_s: float, transfer: dict | None) -> dict:
-    """Figures of one configuration. `transfer`: prefill counter deltas (pages, bytes), None where
-    sglang_pd is not loaded. Decode hit figures come from the decode_prefix_len sglang_pd adds to
-    meta_info: None (not 0) when no response carries it."""
+    """Figures of one configuration. `transfer`: prefill counter deltas (pages, bytes, computed tokens,
+    declined requests and the tokens prefill had computed for them), None where sglang_pd is not
+    loaded (those figures are then None). Decode hit figures come from the decode_prefix_len sglang_pd
+    adds to meta_info: None (not 0) when no response carries it."""
     ok = [r.result for r in records if r.result.ok]
+    local = [r for r in ok if r.meta_info.get("decode_prefill_path") == "decode_local"]
     ttft = [r.ttft_s for r in ok]
     itl = [g for r in ok for g in r.itl_s]
     prompt_tokens = sum(r.prompt_len for r in ok)
@@ -50,11 +52,20 @@ def summarize(records: list[RequestRecord], duration_s: float, transfer: dict | 
         "output_token_throughput": sum(len(r.output_ids) for r in ok) / duration_s if duration_s else 0.0,
         "prompt_tokens": prompt_tokens, "decode_hit_tokens": hit_tokens,
         "decode_hit_rate": None if hit_tokens is None else hit_tokens / prompt_tokens if prompt_tokens else 0.0,
-        "kv_pages_transferred": None if transfer is None else transfer.get("pages", 0),
-        "kv_bytes_transferred": None if transfer is None else transfer.get("bytes", 0),
+        **_prefill_figures(transfer),
+        "local_requests": len(local),
+        "local_prefill_tokens": sum(int(r.meta_info.get("decode_local_prefill_tokens", 0) or 0) for r in local),
         "duration_s": duration_s, "per_round": per_round,
         "errors": sorted({r.result.error for r in records if not r.result.ok and not r.result.rejected})[:5],
     }
+
+
+def _prefill_figures(transfer: dict | None) -> dict:
+    """Prefill's counter deltas as summary fields; all None without sglang_pd (`transfer` None)."""
+    keys = {"kv_pages_transferred": "pages", "kv_bytes_transferred": "bytes",
+            "prefill_computed_tokens": "computed_tokens", "prefill_declined": "declined",
+            "prefill_declined_computed_tokens": "declined_computed_tokens"}
+    return {field: None if transfer is None else transfer.get(key, 0) for field, key in keys.items()}
 
 
 # (key, label, format, ratio direction: "down" = OFF/ON is the gain, "up" = ON/OFF is the gain)
@@ -67,6 +78,7 @@ ROWS = [
     ("decode_hit_rate", "decode hit rate", "{:.3f}", None),
     ("kv_pages_transferred", "KV pages transferred", "{:.0f}", "down"),
     ("kv_bytes_transferred", "KV bytes transferred", "{:.0f}", "down"),
+    ("prefill_computed_tokens", "prefill tokens computed (prefill's counter)", "{:.0f}", "down"),
     ("failed", "failed requests", "{:.0f}", None),
 ]
 # Shown when the run read the servers' figures (bench/server_figures.py): SGLang's own metrics, then
@@ -84,9 +96,15 @@ PLUGIN_ROWS = [
     ("resume_restored_tokens_total", "tokens restored on resume (sglang_pd)", "{:.0f}", None),
     ("resume_backup_tokens_total", "tokens a full restore copies (sglang_pd)", "{:.0f}", None),
 ]
-# (numerator config, denominator config, column title): gains shown where both ran
-GAINS = [("on", "off", "gain (ON vs OFF)"), ("on-upstream", "off", "on-upstream vs OFF"),
-         ("on", "on-upstream", "on vs on-upstream")]
+# Shown when some configuration served requests with decode-local prefill.
+LOCAL_ROWS = [
+    ("local_requests", "requests served decode-locally", "{:.0f}", None),
+    ("local_prefill_tokens", "prompt tokens computed on decode", "{:.0f}", None),
+    ("prefill_declined", "prefill halves declined", "{:.0f}", None),
+    ("prefill_declined_computed_tokens", "prefill tokens computed for declined requests", "{:.0f}", None),
+]
+# Gain columns "gain (compared vs baseline)", when both configurations ran: (baseline, compared).
+GAINS = [("off", "on"), ("off", "on-upstream"), ("on-upstream", "on"), ("on", "on+local")]
 NOT_EXPOSED = ("n/a: not exposed without sglang_pd (upstream SGLang 0.5.23 has no decode_prefix_len in "
                "meta_info and no /sglang_pd/stats)")
 # Shown when the run was scored against SLO targets (bench/slo.py).
@@ -117,22 +135,24 @@ def _rows(results: dict[str, dict]) -> list:
         rows += SERVER_ROWS + PLUGIN_ROWS
     if all("slo_attainment" in r for r in results.values()):
         rows += SLO_ROWS
+    if any(r.get("local_requests") for r in results.values()):
+        rows += LOCAL_ROWS
     return rows
 
 
 def format_table(results: dict[str, dict]) -> str:
-    """Markdown table, one column per configuration, plus the gains of GAINS whose configs both ran;
+    """Markdown table, one column per configuration, plus a gain column per GAINS pair that ran;
     a figure a configuration does not expose reads n/a (footnote NOT_EXPOSED)."""
     names = list(results)
-    gains = [(a, b, title) for a, b, title in GAINS if a in results and b in results]
-    head = "| metric | " + " | ".join(names + [title for _, _, title in gains]) + " |"
+    gains = [(base, other) for base, other in GAINS if base in results and other in results]
+    head = "| metric | " + " | ".join(names + [f"gain ({other} vs {base})" for base, other in gains]) + " |"
     lines = [head, "|" + "---|" * (len(names) + 1 + len(gains))]
     missing = False
     for key, label, fmt, direction in _rows(results):
         values = {n: _value(results[n], key) for n in names}
         missing |= any(v is None for v in values.values())
         cells = ["n/a" if values[n] is None else fmt.format(values[n]) for n in names]
-        cells += [_ratio(values[b], values[a], direction) for a, b, _ in gains]
+        cells += [_ratio(values[base], values[other], direction) for base, other in gains]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines + ([f"\n{NOT_EXPOSED}"] if missing else []))
 
@@ -161,6 +181,23 @@ def plot(results: dict[str, dict], path: str) -> None:
     for ax in (ax1, ax2):
         ax.legend()
         ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_summary(results: dict[str, dict], path: str) -> None:
+    """PNG: TTFT p50, ITL p50 and request throughput side by side, one bar per configuration."""
+    plt = pyplot()
+    names = list(results)
+    panels = (("ttft_p50_s", "TTFT p50 (s)"), ("itl_p50_ms", "ITL p50 (ms)"), ("request_throughput", "requests / s"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 4))
+    for ax, (key, title) in zip(axes, panels):
+        bars = ax.bar(names, [results[n][key] for n in names], color=[f"C{i}" for i in range(len(names))])
+        ax.bar_label(bars, fmt="%.3g", fontsize=8)
+        ax.set(title=title)
+        ax.tick_params(axis="x", labelrotation=20)
+        ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

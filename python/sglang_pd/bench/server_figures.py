@@ -52,7 +52,10 @@ class ServerFigures:
         if self.plugin:
             prefill, decode = _counters(self.urls["prefill"]), _counters(self.urls["decode"])
             snap["transfer"] = {"pages": prefill["kv_pages_transferred_total"],
-                                "bytes": prefill["kv_bytes_transferred_total"]}
+                                "bytes": prefill["kv_bytes_transferred_total"],
+                                "computed_tokens": prefill["prefill_computed_tokens_total"],
+                                "declined": prefill["prefill_declined_requests_total"],
+                                "declined_computed_tokens": prefill["prefill_declined_computed_tokens_total"]}
             snap["plugin"] = {name: decode[name] for name in PLUGIN_DECODE}
         return snap
 
@@ -64,7 +67,9 @@ class ServerFigures:
         return fields
 
     def transfer(self, before: dict, after: dict) -> dict | None:
-        """KV pages and bytes prefill handed to the transport (sglang_pd's record); None without it."""
+        """Prefill's counters over the run (sglang_pd's record): KV pages and bytes handed to the transport,
+        prompt tokens its model computed, halves decode declined and the tokens computed for them; None
+        without the plugin."""
         if not self.plugin:
             return None
         return {k: after["transfer"][k] - before["transfer"][k] for k in after["transfer"]}

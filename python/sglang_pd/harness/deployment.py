@@ -48,6 +48,7 @@ class DeploymentConfig:
     enable_metrics: bool = True    # SGLang's /metrics (with sglang_pd:* metrics) on every server
     env_overrides: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     plugin: bool = True            # False: sglang_pd not loaded (NO_PLUGINS_ENV); upstream SGLang alone
+    decode_attention_backend: str = "torch_native"  # or sglang_pd_shared_prefix (decode servers only)
 
     def __post_init__(self):
         if self.transfer_backend not in TRANSFER_BACKENDS:
@@ -56,12 +57,26 @@ class DeploymentConfig:
             raise ValueError(f"page_size ({self.page_size}) and num_decode ({self.num_decode}) must be >= 1")
         if not self.plugin and self.fault_injection:
             raise ValueError("fault_injection is a sglang_pd route: it needs plugin=True")
+        if not self.plugin and self.decode_attention_backend != "torch_native":
+            raise ValueError(f"decode_attention_backend {self.decode_attention_backend!r} is registered by "
+                             "sglang_pd: it needs plugin=True")
 
 
 def router_metrics_args() -> list[str]:
     """sglang-router exports Prometheus on a fixed default port (29000, all interfaces): give each
     router its own loopback port so several can run on one host."""
     return ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+
+
+def _recorded_faults(report: dict) -> dict:
+    """Hook errors and double / unknown lock releases a scheduler report shows (empty when none)."""
+    ledger = report.get("lock_ledger") or {}
+    found = {"hook_errors": report.get("hook_errors"),
+             "double_releases": ledger.get("num_double_releases"),
+             "unknown_releases": ledger.get("num_unknown_releases")}
+    if "error" in report:
+        found["snapshot_error"] = report["error"]
+    return {k: v for k, v in found.items() if v}
 
 
 def new_bootstrap_room(rng: random.Random | None = None) -> int:
@@ -89,11 +104,12 @@ class PDDeployment:
         self.router: ServerProcess | None = None
 
     # ---- argv -------------------------------------------------------------------------------------
-    def _common_args(self, max_total_tokens: int) -> list[str]:
+    def _common_args(self, max_total_tokens: int, attention_backend: str = "torch_native") -> list[str]:
         weights = [] if is_real_model(self.config.model) else ["--load-format", "dummy", "--skip-tokenizer-init"]
         return ["--model-path", str(self.model_dir), *weights, "--host", "127.0.0.1", "--page-size", str(self.config.page_size),
                 "--max-total-tokens", str(max_total_tokens), "--log-level", "warning",
-                *(["--enable-metrics"] if self.config.enable_metrics else []), *cpu_server_args()]
+                *(["--enable-metrics"] if self.config.enable_metrics else []),
+                *cpu_server_args(attention_backend)]
 
     def _prefill_args(self) -> list[str]:
         return [*self._common_args(self.config.prefill_max_total_tokens), "--disaggregation-mode", "prefill",
@@ -104,7 +120,8 @@ class PDDeployment:
     def _decode_args(self) -> list[str]:
         radix = (["--disaggregation-decode-enable-radix-cache"] if self.config.decode_radix
                  else ["--disaggregation-decode-retraction-backup", "cpu_tensor"])
-        return [*self._common_args(self.config.decode_max_total_tokens), "--disaggregation-mode", "decode",
+        return [*self._common_args(self.config.decode_max_total_tokens, self.config.decode_attention_backend),
+                "--disaggregation-mode", "decode",
                 "--disaggregation-transfer-backend", self.config.transfer_backend,
                 "--num-reserved-decode-tokens", str(self.config.num_reserved_decode_tokens),
                 *radix, *self.config.extra_decode_args]
@@ -242,17 +259,17 @@ class PDDeployment:
             return fp.result(), fd.result(), pairing["bootstrap_room"]
 
     def generate_pd(self, input_ids: list[int], max_new_tokens: int = 8, decode_index: int = 0,
-                    room: int | None = None, timeout: float = 300) -> tuple[dict, dict, int]:
+                    room: int | None = None, timeout: float = 300, **extra) -> tuple[dict, dict, int]:
         """Send the request to prefill and decode paired by a bootstrap room, as a router does.
 
-        Returns (prefill_body, decode_body, room).
+        `extra` goes into both bodies (e.g. `rid`). Returns (prefill_body, decode_body, room).
         """
         pairing = self.pairing(room)
         room = pairing["bootstrap_room"]
         with cf.ThreadPoolExecutor(2) as pool:
-            fp = pool.submit(self.generate, self.prefill.url, input_ids, max_new_tokens, timeout, **pairing)
+            fp = pool.submit(self.generate, self.prefill.url, input_ids, max_new_tokens, timeout, **pairing, **extra)
             fd = pool.submit(self.generate, self.decodes[decode_index].url, input_ids, max_new_tokens,
-                             timeout, **pairing)
+                             timeout, **pairing, **extra)
             return fp.result(), fd.result(), room
 
     @staticmethod
@@ -288,16 +305,21 @@ class PDDeployment:
         """Wait until every PD server (or `servers`) is idle and clean; returns their reports.
 
         With sglang_pd: idle with a passing integrity check (no lock, nothing in flight, every token
-        accounted for). Without it (config.plugin False), or on a decode server with the radix cache off
+        accounted for), and, at once (they never go back down), no hook error and no double or unknown
+        lock release. Without it (config.plugin False), or on a decode server with the radix cache off
         (no tree to check), what SGLang itself shows
         (upstream_state.idle_report: no request in any queue, no KV token held outside the evictable
         tree, no leak warning from SGLang's idle check); lock owners and double releases cannot be
-        checked then. Raises AssertionError with the last reports if time runs out.
+        checked without sglang_pd. Raises AssertionError naming what is not clean: at once for recorded
+        faults, with the last reports if time runs out.
         """
         deadline = time.monotonic() + timeout_s
         servers = servers or [self.prefill, *self.decodes]
         while True:
             reports = {s.name: self._clean_report(s) for s in servers}
+            faults = {n: r["faults"] for n, r in reports.items() if r["faults"]}
+            if faults:
+                raise AssertionError(f"plugin faults recorded: {faults}")
             if all(r["idle"] and r["ok"] for r in reports.values()):
                 return {n: r["report"] for n, r in reports.items()}
             if time.monotonic() > deadline:
@@ -306,14 +328,18 @@ class PDDeployment:
             time.sleep(0.5)
 
     def _clean_report(self, server: ServerProcess) -> dict:
+        """One server's idle/ok verdict, its report, a summary for errors and the faults sglang_pd recorded."""
         state = self.scheduler_state(server) if self.config.plugin else None
+        faults = _recorded_faults(state) if state is not None else {}
         if state is None or state.get("integrity") is None:
             # No sglang_pd, or no radix tree to check (decode with the radix cache off): SGLang's view.
             report = upstream_state.idle_report(server.url, server.log_path)
-            return {"idle": report["idle"], "ok": report["ok"], "report": report, "summary": report}
+            return {"idle": report["idle"], "ok": report["ok"], "report": report, "summary": report,
+                    "faults": faults}
         integrity = state["integrity"]
-        return {"idle": integrity.get("idle"), "ok": integrity.get("ok"), "report": state,
-                "summary": {"integrity": state.get("integrity"), "lock_ledger": state.get("lock_ledger")}}
+        return {"idle": integrity.get("idle"), "ok": integrity.get("ok"), "report": state, "faults": faults,
+                "summary": {"integrity": state.get("integrity"), "lock_ledger": state.get("lock_ledger"),
+                            "queues": state.get("queues")}}
 
     @staticmethod
     def scrape_metrics(server: ServerProcess, prefix: str = "sglang_pd:") -> dict[str, float]:

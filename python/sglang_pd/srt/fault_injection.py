@@ -23,6 +23,9 @@ class Fault(str, enum.Enum):
     PREFIX_EXCEEDS = "prefix_exceeds"       # tell prefill prompt_len + page_size
     TRANSFER_FAIL = "transfer_fail"         # decode marks the room failed right after prealloc
     NIXL_STALL = "nixl_stall"               # prefill: the room's NIXL transfer never reports done
+    LOCAL_QUEUE_HOLD = "local_queue_hold"   # decode: a local-prefill request waits 5 s before its extend
+    LOCAL_EXTEND_DELAY = "local_extend_delay"  # decode: the local extend carrying the room starts 3 s late
+    PREFILL_TRANSFER_FAIL = "prefill_transfer_fail"  # prefill: the transport reports the room's send failed
 
 
 class FaultPlan:

@@ -11,33 +11,56 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from sglang_pd.srt.disaggregation.shared_attention_stats import SHARED_ATTENTION_METRICS
+
 PREFIX = "sglang_pd:"
 
 # name -> (kind, help). One table: README, tests and the stats views list from it.
 METRICS: dict[str, tuple[str, str]] = {
     # decode admission (srt/disaggregation/decode_admission.py)
-    "decode_prompt_tokens_total": ("counter", "prompt tokens of requests admitted by decode (real requests only)"),
+    "decode_prompt_tokens_total": ("counter", "prompt tokens of requests decode admitted and handed to transfer, once each (real requests only)"),
     "decode_prefix_hit_tokens_total": ("counter", "prompt tokens reused from the decode radix tree (decode_prefix_len)"),
     "decode_pages_saved_total": ("counter", "KV pages not transferred thanks to decode reuse"),
     "decode_admitted_requests_total": ("counter", "admission plans made by decode (warmup and health checks included)"),
     "decode_tree_skipped_requests_total": ("counter", "warmup / health-check requests admitted without touching the tree"),
-    "decode_pages_planned_total": ("counter", "KV pages decode admission planned to receive (real requests)"),
+    "decode_pages_planned_total": ("counter", "KV pages decode asked of prefill for those requests"),
     "decode_handoff_mismatches_total": ("counter", "transfer hand-offs that disagreed with their admission plan"),
     "decode_replans_total": ("counter", "requests admitted again before any hand-off (an earlier attempt was refused)"),
     "decode_stale_locks_released_total": ("counter", "locks of refused admission attempts released before the retry"),
     # transfer (both sides)
     "kv_pages_transferred_total": ("counter", "KV pages asked of prefill (decode) / handed to the transport (prefill)"),
     "kv_bytes_transferred_total": ("counter", "bytes of those KV pages (pages x bytes per page over all layers)"),
-    # prefill (srt/disaggregation/prefill_transfer_log.py, nixl_stall.py)
+    # prefill (srt/disaggregation/prefill_transfer_log.py, transfer_watch.py)
     "prefill_requests_total": ("counter", "requests whose decode_prefix_len reached prefill"),
     "prefill_prompt_tokens_total": ("counter", "prompt tokens of those requests"),
     "prefill_decode_prefix_tokens_total": ("counter", "decode_prefix_len tokens prefill was told to skip"),
     "prefill_pages_planned_total": ("counter", "KV pages prefill planned to send past decode_prefix_len"),
     "prefill_pages_sent_unknown_room_total": ("counter", "KV pages sent for a room prefill has no record of"),
     "prefill_rejected_requests_total": ("counter", "requests prefill refused for a bad decode_prefix_len or transfer info"),
+    "prefill_computed_tokens_total": ("counter", "prompt tokens prefill's model computed (its extend forwards)"),
+    # room decline: decode tells prefill to drop a room (srt/disaggregation/room_decline.py), prefill side
+    "prefill_declined_requests_total": ("counter", "requests whose prefill half decode declined: answered without a transfer"),
+    "prefill_declined_computed_tokens_total": ("counter", "prompt tokens prefill had computed for requests decode then declined"),
+    "prefill_decline_tombstones_total": ("counter", "declines that reached prefill before the request did (kept until it arrives)"),
+    "prefill_declines_expired_total": ("counter", "declines dropped unused (their prefill half never came within the TTL)"),
+    "prefill_declines_malformed_total": ("counter", "messages carrying the decline marker that prefill could not read (dropped)"),
+    # decode-local prefill (srt/disaggregation/local_prefill.py), decode side
+    "local_prefill_requests_total": ("counter", "requests decode computed itself (decode-local prefill; prefill declined)"),
+    "local_prefill_tokens_total": ("counter", "prompt tokens decode-local prefill computed (local extend forwards)"),
+    "local_prefill_extends_total": ("counter", "local extend forwards run on decode"),
+    "local_prefill_aborted_total": ("counter", "local-prefill requests aborted before their extend (lock and pages released)"),
+    "local_prefill_failed_total": ("counter", "local-prefill requests failed with their extend (answered 500, released)"),
+    "local_prefill_deferred_steps_total": ("counter", "scheduler steps where queued local prefills waited (decode step first, or ITL target)"),
+    "local_prefill_fallback_input_logprobs_total": ("counter", "would-be local requests sent to prefill: they ask for prompt logprobs"),
+    "local_prefill_fallback_full_prefix_hit_total": ("counter", "would-be local requests sent to prefill: decode holds the whole prompt, nothing to extend"),
+    "local_prefill_fallback_unsupported_request_total": ("counter", "would-be local requests sent to prefill: a feature the local extend does not run"),
+    "local_prefill_fallback_decline_unsent_total": ("counter", "would-be local requests sent to prefill: the decline could not be sent"),
+    "local_prefill_queued": ("gauge", "requests waiting for their local extend on decode"),
+    "mooncake_split_batches_total": ("counter", "mooncake transfer batches over the descriptor limit, sent in parts"),
     "nixl_pages_total": ("counter", "KV pages NIXL itself was asked to move"),
     "nixl_bytes_total": ("counter", "bytes of those pages"),
-    "nixl_stalls_total": ("counter", "NIXL transfers failed for exceeding SGLANG_PD_NIXL_STALL_TIMEOUT_S"),
+    "nixl_stalls_total": ("counter", "NIXL transfers cancelled and failed for exceeding SGLANG_PD_NIXL_STALL_TIMEOUT_S"),
+    "nixl_uncancellable_stalls_total": ("counter", "stalled NIXL transfers NIXL could not cancel (their room keeps waiting)"),
     # radix tree and lock ledger (srt/mem_cache/)
     "evicted_tokens_total": ("counter", "tokens evicted from the radix tree"),
     "tree_locks_total": ("counter", "radix-tree locks taken (lock ledger)"),
@@ -46,6 +69,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "tree_lock_unknown_releases_total": ("counter", "releases of a lock the ledger never recorded (passed through)"),
     "tree_lock_refused_transitions_total": ("counter", "lock state changes the lifecycle table does not allow"),
     "tree_locks_outstanding": ("gauge", "radix-tree locks taken and not yet released (lock ledger)"),
+    "integrity_checks_total": ("counter", "check_integrity() runs (every /metrics scrape and /sglang_pd/stats call)"),
     "integrity_failures_total": ("counter", "check_integrity() runs that found a violated invariant"),
     # retraction and admission rounds (radix_resume.py, admission_round.py)
     "decode_retractions_total": ("counter", "running decode requests retracted under memory pressure"),
@@ -59,12 +83,19 @@ METRICS: dict[str, tuple[str, str]] = {
     "admission_round_evictions_total": ("counter", "tree evictions done once per decode admission round"),
     # SLO-aware decode admission (srt/disaggregation/slo_controller.py)
     "decode_step_seconds_measured": ("gauge", "decode step time, launch to launch (EWMA of measured steps)"),
-    "decode_step_seconds_predicted": ("gauge", "step time the learned model predicts for the batch just admitted"),
+    "decode_step_seconds_predicted": ("gauge", "step time the learned model predicts for the batch just admitted (local-prefill tokens included)"),
     "decode_admission_cap": ("gauge", "running requests the ITL target allows at the current mean length"),
     "decode_admission_deferred_steps_total": ("counter", "decode steps where the ITL target held waiting requests back"),
     "decode_ttft_seconds_predicted": ("gauge", "predicted time to first token of the latest new request"),
     "early_rejected_requests_total": ("counter", "requests refused at the door for a predicted TTFT over target"),
     "early_rejection_probes_total": ("counter", "requests let through as probes while the TTFT predictor said refuse"),
+    # shared-prefix decode attention (srt/hooks/attention_backend.py; names in shared_attention_stats.py)
+    **SHARED_ATTENTION_METRICS,
+}
+
+# name -> (help, extra label): counters with one more label than role / transfer_backend.
+LABELLED_COUNTERS: dict[str, tuple[str, str]] = {
+    "hook_errors_total": ("exceptions a hook caught to keep SGLang serving (each one also logged)", "hook"),
 }
 
 
@@ -75,6 +106,7 @@ class PDCounters:
     role: str = "unknown"
     backend: str = "unknown"
     values: dict[str, float] = field(default_factory=lambda: {name: 0 for name in METRICS})
+    labelled: dict[str, dict[str, float]] = field(default_factory=lambda: {name: {} for name in LABELLED_COUNTERS})
     _prom: dict = field(default_factory=dict)
 
     def bind(self, role: str, backend: str) -> None:
@@ -95,6 +127,11 @@ class PDCounters:
                 self._prom[name].inc(self.values[name])
             elif kind == "gauge":
                 self._prom[name].set(self.values[name])
+        for name, (doc, label) in LABELLED_COUNTERS.items():
+            metric = Counter(PREFIX + name.removesuffix("_total"), doc, (*labels, label))
+            self._prom[name] = metric
+            for value, amount in self.labelled[name].items():
+                metric.labels(role, backend, value).inc(amount)
 
     def add(self, name: str, amount: float = 1) -> None:
         """Increase counter `name` by `amount` (>= 0); raises KeyError for a name not in METRICS."""
@@ -103,6 +140,15 @@ class PDCounters:
         self.values[name] += amount
         if name in self._prom:
             self._prom[name].inc(amount)
+
+    def add_labelled(self, name: str, label_value: str, amount: float = 1) -> None:
+        """Increase labelled counter `name` for `label_value` by `amount` (>= 0)."""
+        if amount < 0:
+            raise ValueError(f"counter {name} cannot decrease (got {amount})")
+        values = self.labelled[name]
+        values[label_value] = values.get(label_value, 0) + amount
+        if name in self._prom:
+            self._prom[name].labels(self.role, self.backend, label_value).inc(amount)
 
     def set(self, name: str, value: float) -> None:
         """Set gauge `name`."""
@@ -118,4 +164,17 @@ class PDCounters:
 
     def snapshot(self) -> dict:
         """JSON-able counter values with their labels."""
-        return {"role": self.role, "transfer_backend": self.backend, **self.values}
+        return {"role": self.role, "transfer_backend": self.backend, **self.values,
+                **{name: dict(values) for name, values in self.labelled.items()}}
+
+
+def markdown_table() -> str:
+    """The README's metrics table, generated from METRICS and LABELLED_COUNTERS (read-only)."""
+    rows = ["| metric | type | meaning |", "|---|---|---|"]
+    rows += [f"| `{PREFIX}{name}` | {kind} | {doc} |" for name, (kind, doc) in METRICS.items()]
+    rows += [f"| `{PREFIX}{name}` | counter, label `{label}` | {doc} |" for name, (doc, label) in LABELLED_COUNTERS.items()]
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

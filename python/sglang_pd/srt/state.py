@@ -13,20 +13,27 @@ from __future__ import annotations
 
 import enum
 import inspect
+import logging
 from dataclasses import dataclass, field
 
 from sglang_pd.config import Settings
 from sglang_pd.srt.disaggregation.admission_round import AdmissionRound
 from sglang_pd.srt.disaggregation.decode_admission import DecodePrefixAdmission
-from sglang_pd.srt.disaggregation.nixl_host_memory import HostMemoryScope, StallWatch
+from sglang_pd.srt.disaggregation.local_prefill import LocalPrefill
+from sglang_pd.srt.disaggregation.nixl_host_memory import HostMemoryScope
 from sglang_pd.srt.disaggregation.prefill_transfer_log import PrefillTransferLog
 from sglang_pd.srt.disaggregation.radix_resume import RadixResume
+from sglang_pd.srt.disaggregation.room_decline import RoomDeclineTable
+from sglang_pd.srt.disaggregation.transfer_watch import TransferWatch
+from sglang_pd.srt.disaggregation.shared_attention_stats import SharedAttentionStats
 from sglang_pd.srt.disaggregation.slo_controller import SloController
 from sglang_pd.srt.fault_injection import FaultPlan
 from sglang_pd.srt.mem_cache.lock_ledger import LockLedger
 from sglang_pd.srt.mem_cache.tree_integrity import IntegrityReport
 from sglang_pd.srt.pd_metrics import PDCounters
 
+
+logger = logging.getLogger("sglang_pd.hooks")
 
 INTERNAL_STATE_KEY = "sglang_pd"  # where a scheduler's snapshot rides SGLang's get_internal_state reply
 
@@ -78,18 +85,33 @@ class ProcessState:
     faults: FaultPlan
     prefill_log: PrefillTransferLog
     nixl_host_memory: HostMemoryScope
-    nixl_stall: StallWatch
+    local_prefill: LocalPrefill
+    room_declines: RoomDeclineTable
+    transfer_watch: TransferWatch
+    shared_attention: SharedAttentionStats
     applied_hooks: list[str] = field(default_factory=list)
-    hook_errors: dict[str, int] = field(default_factory=dict)
     last_integrity: IntegrityReport | None = None
 
-    def count_hook_error(self, hook: str) -> None:
-        """Count an exception a hook caught to keep SGLang serving (logged by the hook)."""
-        self.hook_errors[hook] = self.hook_errors.get(hook, 0) + 1
+    def hook_failed(self, hook: str, message: str, *args) -> None:
+        """Count an exception a hook caught to keep SGLang serving (stats `hook_errors`, metric
+        `sglang_pd:hook_errors_total{hook=...}`) and log it: with its traceback the first time for this
+        hook, then one line at the 2nd, 4th, 8th, ... time. Call inside the `except` block."""
+        self.counters.add_labelled("hook_errors_total", hook)
+        num = self.counters.labelled["hook_errors_total"][hook]
+        if num == 1:
+            logger.exception("sglang_pd: hook %s failed: " + message, hook, *args)
+        elif int(num) & (int(num) - 1) == 0:
+            logger.error("sglang_pd: hook %s failed again (%d times so far): " + message, hook, num, *args)
+
+    @property
+    def hook_errors(self) -> dict[str, int]:
+        """Caught hook exceptions per hook name (read-only view of the counters)."""
+        return {hook: int(n) for hook, n in self.counters.labelled["hook_errors_total"].items()}
 
     def record_integrity(self, report: IntegrityReport) -> None:
         """Keep the latest integrity report and count failures."""
         self.last_integrity = report
+        self.counters.add("integrity_checks_total")
         if not report.ok:
             self.counters.add("integrity_failures_total")
 
@@ -97,7 +119,8 @@ class ProcessState:
         """Registered hooks whose target SGLang's HookRegistry really patched (read-only)."""
         from sglang.srt.plugins.hook_registry import HookRegistry
 
-        return [h for h in self.applied_hooks if h.split(" ", 1)[1] in HookRegistry._patched]
+        return [h for h in self.applied_hooks
+                if h.startswith("REGISTER ") or h.split(" ", 1)[1] in HookRegistry._patched]
 
     def snapshot(self) -> dict:
         """JSON-able view of this process's state (read-only)."""
@@ -115,6 +138,9 @@ class ProcessState:
             "admission_round": self.admission_round.snapshot(),
             "counters": self.counters.snapshot(),
             "slo": self.slo.snapshot(num_recent_steps=512),
+            "local_prefill": self.local_prefill.snapshot(),
+            "room_declines": self.room_declines.snapshot(),
+            "shared_attention": self.shared_attention.snapshot(),
         }
 
 
@@ -130,7 +156,10 @@ def build_state(kind: ProcessKind, settings: Settings) -> ProcessState:
         admission_round=AdmissionRound(admission), radix_resume=RadixResume(counters),
         slo=SloController(settings.itl_target_s, settings.ttft_target_s, counters), faults=faults,
         prefill_log=prefill_log, nixl_host_memory=HostMemoryScope(),
-        nixl_stall=StallWatch(settings.nixl_stall_timeout_s, prefill_log, faults))
+        local_prefill=LocalPrefill(settings.local_prefill_tokens, settings.local_prefill_step_tokens, counters),
+        room_declines=RoomDeclineTable(counters),
+        transfer_watch=TransferWatch(settings.nixl_stall_timeout_s, prefill_log, faults),
+        shared_attention=SharedAttentionStats(counters))
 
 
 _current: ProcessState | None = None

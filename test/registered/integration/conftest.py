@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from sglang_pd.config import Settings
 from sglang_pd.harness import DeploymentConfig, PDDeployment
 
-LOG_ROOT = Path(os.environ.get("SGLANG_PD_TEST_LOGS", "/tmp/sglang_pd-test-logs"))
+LOG_ROOT = Settings.from_env().test_logs or Path("/tmp/sglang_pd-test-logs")
 # Tests that measure a README figure also write it as <name>.json into this folder when it is set
 # (README prints the command, e.g. TEST_FIGURES_DIR=docs/figures pytest ... -k ...). Not SGLANG_PD_*:
 # the servers inherit the environment, and the plugin refuses unknown names under its prefix.
@@ -52,7 +53,12 @@ def _deployment(name: str, config: DeploymentConfig) -> PDDeployment:
     return _started[name]
 
 
-_ENV = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)),)
+# Mooncake blacklists a decode session after one failed transfer and probes it again every 30 s by
+# default; the prefill-side transport failure test needs the pair serving again within seconds.
+SESSION_PROBE_S = 2
+
+_ENV = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)),
+        ("SGLANG_FAILED_SESSION_PROBE_INTERVAL_S", str(SESSION_PROBE_S)))
 
 
 @pytest.fixture(scope="session")

@@ -70,6 +70,7 @@ def test_full_prefix_hit_moves_no_page(pool, ledger):
     req = make_req("full", prompt)
     plan = _admit(pool, req)
     assert plan.decode_prefix_len == len(prompt) and plan.num_new_pages == 0
+    assert ledger_admission().record_handoff("full", plan.decode_prefix_len, 0) is None
     snap = ledger_admission().snapshot()
     assert snap["num_pages_saved"] == kv_to_page_num(16, pool.page_size)
     pool.tree.unlock(req.lock)
@@ -104,3 +105,20 @@ def test_handoff_mismatch_is_counted(pool, ledger):
     assert ledger_admission().snapshot()["num_handoff_mismatches"] == 1
     assert ledger.counters.get("decode_handoff_mismatches_total") == 1  # one source: stats == metric
     assert ledger_admission().record_handoff("never-planned", 0, 3) is None
+
+
+def test_a_replanned_request_is_counted_once_at_its_hand_off(pool, ledger):
+    """Counters move when the request is handed to transfer, once, whatever re-plans came before."""
+    pool.cache_tokens(list(range(8)))
+    req = make_req("again", list(range(8)) + [400, 401, 402])
+    for _ in range(3):  # refused twice for budget, then admitted
+        plan = _admit(pool, req)
+    counters = ledger.counters
+    assert counters.get("decode_prompt_tokens_total") == 0, "nothing counted before the hand-off"
+    ledger_admission().record_handoff("again", plan.decode_prefix_len, plan.num_new_pages)
+    ledger_admission().record_handoff("again", plan.decode_prefix_len, plan.num_new_pages)  # a second hand-off
+    assert counters.get("decode_prompt_tokens_total") == 11
+    assert counters.get("decode_prefix_hit_tokens_total") == 8
+    assert counters.get("decode_replans_total") == 2 and counters.get("decode_stale_locks_released_total") == 2
+    pool.tree.unlock(req.lock)
+    assert pool.integrity(ledger).ok

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_pd.srt.pd_metrics import METRICS, PREFIX, PDCounters
+from sglang_pd.srt.pd_metrics import LABELLED_COUNTERS, METRICS, PREFIX, PDCounters, markdown_table
 
 pytestmark = pytest.mark.unit
 
@@ -24,6 +24,16 @@ def test_counts_gauges_and_refusals():
         counters.set("no_such_gauge", 1)
 
 
+def test_labelled_counter_per_hook():
+    counters = PDCounters()
+    counters.add_labelled("hook_errors_total", "unlock")
+    counters.add_labelled("hook_errors_total", "unlock")
+    counters.add_labelled("hook_errors_total", "lock")
+    assert counters.snapshot()["hook_errors_total"] == {"unlock": 2, "lock": 1}
+    with pytest.raises(ValueError):
+        counters.add_labelled("hook_errors_total", "lock", -1)
+
+
 def test_bound_metrics_carry_the_values_counted_before_binding():
     from prometheus_client import REGISTRY, generate_latest
 
@@ -32,13 +42,16 @@ def test_bound_metrics_carry_the_values_counted_before_binding():
     counters.set("admission_round_max_size", 7)
     counters.bind("decode", "unit-test-backend")
     counters.add("admission_rounds_total")
+    counters.add_labelled("hook_errors_total", "lock")
     text = generate_latest(REGISTRY).decode()
     labels = 'role="decode",transfer_backend="unit-test-backend"'
     assert f"{PREFIX}admission_rounds_total{{{labels}}} 3.0" in text
     assert f"{PREFIX}admission_round_max_size{{{labels}}} 7.0" in text
+    assert f'{PREFIX}hook_errors_total{{hook="lock",{labels}}} 1.0' in text
 
 
-def test_readme_lists_every_metric():
+def test_readme_lists_every_metric_as_declared():
+    """README's table is `python -m sglang_pd.srt.pd_metrics` output, row for row."""
     readme = (Path(__file__).parents[3] / "README.md").read_text()
-    missing = [name for name in METRICS if f"`{PREFIX}{name}`" not in readme]
-    assert not missing, missing
+    assert markdown_table() in readme
+    assert all(f"`{PREFIX}{name}`" in markdown_table() for name in [*METRICS, *LABELLED_COUNTERS])

@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from sglang_pd.srt.hooks.table import HOOK_TABLE, hooks_for
+from sglang_pd.srt.hooks.table import HOOK_TABLE, hooks_for, registrations_for
 from sglang_pd.srt.state import ProcessKind
 
 pytestmark = pytest.mark.unit
@@ -78,7 +78,8 @@ def test_entry_point_loads_in_main_and_scheduler_processes():
     """)
     assert proc.returncode == 0, proc.stderr
     assert "KIND scheduler" in proc.stdout
-    expected = [f"{s.hook_type} {s.target}" for s in hooks_for(ProcessKind.SCHEDULER)]
+    expected = ([f"{s.hook_type} {s.target}" for s in hooks_for(ProcessKind.SCHEDULER)]
+                + [f"REGISTER {r.target}" for r in registrations_for(ProcessKind.SCHEDULER)])
     assert f"SNAP {expected}" in proc.stdout, "every scheduler hook of the table is really patched"
     assert "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.finalize_bootstrap" in proc.stdout
     assert "sglang_pd 0.1.0 active in scheduler process" in proc.stderr
@@ -92,7 +93,8 @@ def test_entry_point_loads_in_main_and_scheduler_processes():
     """)
     assert proc.returncode == 0, proc.stderr
     assert "KIND http" in proc.stdout
-    expected = [f"{s.hook_type} {s.target}" for s in hooks_for(ProcessKind.HTTP)]
+    expected = ([f"{s.hook_type} {s.target}" for s in hooks_for(ProcessKind.HTTP)]
+                + [f"REGISTER {r.target}" for r in registrations_for(ProcessKind.HTTP)])
     assert f"PATCHED {expected}" in proc.stdout
 
 

@@ -69,6 +69,31 @@ def test_step_meter_pairs_launches_and_drops_idle_gaps():
     assert len(meter.recent) == 1 and meter.ewma_step_s == pytest.approx(0.02)
 
 
+def test_local_extend_tokens_ride_on_their_step_and_its_cost_is_learnt():
+    """A decode-local prefill extend between two decode launches belongs to the first step's sample; with
+    nothing decoding (or after idle) the open gap is no step. The model learns the extend's per-token cost,
+    and admission predicts the step that carries an extend with it."""
+    meter = StepMeter()
+    meter.on_step_start(1.0, 4, 400, after_idle=False)
+    meter.on_local_extend(32, num_running=4, after_idle=False)
+    sample = meter.on_step_start(1.05, 6, 600, after_idle=False)
+    assert (sample.num_running, sample.num_local_tokens) == (4, 32)
+    assert meter.on_step_start(1.07, 6, 606, after_idle=False).num_local_tokens == 0
+    meter.on_local_extend(16, num_running=0, after_idle=False)  # nothing was decoding
+    assert meter.on_step_start(9.0, 1, 100, after_idle=False) is None
+
+    rng, model = random.Random(5), StepTimeModel()
+    for _ in range(400):
+        n = rng.randrange(1, 17)
+        local = rng.choice((0, 0, 0, 16, 32, 64))
+        model.add(n, n * 800, _true_step(n, n * 800) + 0.0004 * local + rng.gauss(0, 0.0005), local)
+    assert model.predict(8, 6400, 64) - model.predict(8, 6400) == pytest.approx(0.0256, abs=0.004)
+    plain = decide_admission(model, 0.060, 3, 2400, [800] * 8)
+    with_extends = decide_admission(model, 0.060, 3, 2400, [800] * 8, extend_lens=[32] * 8)
+    assert with_extends.num_admit < plain.num_admit
+    assert with_extends.predicted_step_s <= 0.060 * HEADROOM
+
+
 @pytest.mark.parametrize("trace", sorted(TRACES))
 def test_admission_on_recorded_trace_keeps_predicted_and_observed_steps_in_target(trace):
     samples = TRACES[trace]

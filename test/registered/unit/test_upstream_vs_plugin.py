@@ -31,6 +31,10 @@ def test_on_upstream_is_the_radix_flag_without_the_plugin_and_takes_no_plugin_se
     assert NO_PLUGINS_ENV == ("SGLANG_PLUGINS", "none")
     with pytest.raises(ValueError, match="fault_injection"):
         DeploymentConfig(plugin=False, fault_injection=True)
+    with pytest.raises(ValueError, match="registered by sglang_pd"):
+        DeploymentConfig(plugin=False, decode_attention_backend="sglang_pd_shared_prefix")
+    with pytest.raises(ValueError, match="sglang_pd settings"):
+        parse_configs("on-upstream+shared", None, None)
 
 
 def _rec(rnd, ttft, meta):
@@ -55,7 +59,7 @@ def test_plugin_less_run_reads_n_a_where_only_sglang_pd_has_the_figure():
     on.update(_server_fields(2.0, 1), sglang_pd_counters={"admission_rounds_total": 5})
     off.update(_server_fields(8.0, 0), sglang_pd_counters={"admission_rounds_total": 0})
     table = format_table({"off": off, "on-upstream": upstream, "on": on})
-    assert "| metric | off | on-upstream | on | gain (ON vs OFF) | on-upstream vs OFF | on vs on-upstream |" in table
+    assert "| metric | off | on-upstream | on | gain (on vs off) | gain (on-upstream vs off) | gain (on vs on-upstream) |" in table
     assert "| decode hit rate | 0.000 | n/a | 0.450 |" in table
     assert "| KV pages transferred | 200 | n/a | 110 | 1.82x |  |  |" in table
     assert "| KV MB sent (SGLang kv_transfer_total_mb) | 8.0 | 4.0 | 2.0 | 4.00x | 2.00x | 2.00x |" in table

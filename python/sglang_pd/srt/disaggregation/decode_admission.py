@@ -118,29 +118,35 @@ class DecodePrefixAdmission:
         self.counters.add("decode_admitted_requests_total")
         if plan.kind is not RequestKind.NORMAL:
             self.counters.add("decode_tree_skipped_requests_total")
-            return
+
+    def record_handoff(self, rid: str, decode_prefix_len: int, num_pages: int) -> AdmissionPlan | None:
+        """Record what SGLang handed to the transfer layer; count (and return) a mismatching plan.
+
+        The request's prompt, hit and page counters are added here, at its first hand-off: a request
+        re-planned after a refusal is counted once, with the plan it was admitted with. Returns the
+        plan if the hand-off disagrees with it, else None. Requests admitted outside this class
+        (e.g. rebootstrap after retraction) have no plan and are not counted.
+        """
+        record = self._records.get(rid)
+        if record is None:
+            return None
+        plan, earlier = record
+        self._records[rid] = (plan, HandoffRecord(decode_prefix_len, num_pages))
+        if plan.kind is not RequestKind.NORMAL:
+            return None
+        if earlier is None:
+            self._count_admitted(plan)
+        if (plan.decode_prefix_len, plan.num_new_pages) != (decode_prefix_len, num_pages):
+            self.counters.add("decode_handoff_mismatches_total")
+            return plan
+        return None
+
+    def _count_admitted(self, plan: AdmissionPlan) -> None:
         self.counters.add("decode_prompt_tokens_total", plan.prompt_len)
         self.counters.add("decode_prefix_hit_tokens_total", plan.decode_prefix_len)
         self.counters.add("decode_pages_planned_total", plan.num_new_pages)
         self.counters.add("decode_pages_saved_total",
                           kv_to_page_num(plan.prompt_len, plan.page_size) - plan.num_new_pages)
-
-    def record_handoff(self, rid: str, decode_prefix_len: int, num_pages: int) -> AdmissionPlan | None:
-        """Record what SGLang handed to the transfer layer; count (and return) a mismatching plan.
-
-        Returns the plan if the hand-off disagrees with it, else None. Requests admitted outside
-        this class (e.g. rebootstrap after retraction) have no plan and are not counted.
-        """
-        plan = self.plan_for(rid)
-        if plan is None:
-            return None
-        self._records[rid] = (plan, HandoffRecord(decode_prefix_len, num_pages))
-        if plan.kind is not RequestKind.NORMAL:
-            return None
-        if (plan.decode_prefix_len, plan.num_new_pages) != (decode_prefix_len, num_pages):
-            self.counters.add("decode_handoff_mismatches_total")
-            return plan
-        return None
 
     def plan_for(self, rid: str) -> AdmissionPlan | None:
         """The plan recorded for `rid` (None if unknown or dropped)."""

@@ -36,7 +36,7 @@ class PrefillTransferLog:
     """Bounded record of recent rooms (oldest dropped first); totals counted into PDCounters.
 
     Mutating: `record_bootstrap`, `record_rejection`, `record_pages_sent`, `record_nixl_pages`,
-    `record_stall`. Read-only: `get`, `snapshot`.
+    `record_stall`, `record_computed`, `record_decline`. Read-only: `get`, `computed_tokens`, `snapshot`.
     """
 
     def __init__(self, counters: PDCounters, max_rooms: int = 4096):
@@ -46,6 +46,8 @@ class PrefillTransferLog:
         self.max_rooms = max_rooms
         self._rooms: OrderedDict[int, RoomTransfer] = OrderedDict()
         self._rejections: OrderedDict[int, tuple[str, str]] = OrderedDict()  # room -> (rid, reason)
+        self._computed: OrderedDict[int, int] = OrderedDict()  # room -> prompt tokens prefill's model ran
+        self._declines: OrderedDict[int, dict] = OrderedDict()  # room -> what the declined half answered
 
     def record_bootstrap(self, room: int, rid: str, prompt_len: int, page_size: int,
                          decode_prefix_len: int) -> RoomTransfer:
@@ -96,6 +98,26 @@ class PrefillTransferLog:
         """Count a NIXL transfer declared stalled (and failed)."""
         self.counters.add("nixl_stalls_total")
 
+    def record_computed(self, room: int, num_tokens: int) -> None:
+        """Prefill's model just ran `num_tokens` prompt tokens of `room` (one extend forward)."""
+        if num_tokens < 0:
+            raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+        self.counters.add("prefill_computed_tokens_total", num_tokens)
+        self._computed[room] = self._computed.pop(room, 0) + num_tokens
+        _trim(self._computed, self.max_rooms)
+
+    def record_decline(self, room: int, rid: str, status: int | None, message: str) -> None:
+        """Prefill answered `room`'s half as declined by decode; counts the tokens it had computed anyway."""
+        computed = self.computed_tokens(room)
+        self.counters.add("prefill_declined_requests_total")
+        self.counters.add("prefill_declined_computed_tokens_total", computed)
+        self._declines[room] = {"rid": rid, "status": status, "message": message, "computed_tokens": computed}
+        _trim(self._declines, self.max_rooms)
+
+    def computed_tokens(self, room: int) -> int:
+        """Prompt tokens prefill's model ran for `room` (0 if none, or forgotten)."""
+        return self._computed.get(room, 0)
+
     def get(self, room: int) -> RoomTransfer | None:
         """The record for `room`, or None if unknown or already dropped."""
         return self._rooms.get(room)
@@ -118,4 +140,14 @@ class PrefillTransferLog:
             "rejections": {str(room): {"rid": rid, "reason": reason}
                            for room, (rid, reason) in list(self._rejections.items())[-max_recent:]},
             "rooms": {str(r.room): asdict(r) for r in recent},
+            "num_computed_tokens": count("prefill_computed_tokens_total"),
+            "computed_tokens": {str(room): n for room, n in list(self._computed.items())[-max_recent:]},
+            "num_declined": count("prefill_declined_requests_total"),
+            "num_declined_computed_tokens": count("prefill_declined_computed_tokens_total"),
+            "declines": {str(room): d for room, d in list(self._declines.items())[-max_recent:]},
         }
+
+
+def _trim(table: OrderedDict, max_len: int) -> None:
+    while len(table) > max_len:
+        table.popitem(last=False)

@@ -4,6 +4,9 @@ Decode's `cached_tokens` is copied from prefill; these say what decode itself re
   decode_prefix_len            tokens reused from the decode radix tree
   decode_kv_pages_transferred  KV pages received from prefill for this request
   decode_kv_bytes_transferred  their bytes
+  decode_prefill_path          who computed the rest of the prompt: "prefill" (PD transfer) or
+                               "decode_local" (decode-local prefill; prefill declined the request)
+  decode_local_prefill_tokens  prompt tokens decode computed itself (0 on the PD path)
 Request-level keys are emitted once (at finish, or with the first streamed chunk); the HTTP-side
 hook (srt/hooks/tokenizer_manager.py) turns SGLang's accumulated one-element list back into a
 number. Streamed chunks after the first carry SGLang's accumulated one-element list again (that path
@@ -12,13 +15,19 @@ bypasses the hook); clients of streams read `v[0]` (see bench/pd_client.py).
 
 from __future__ import annotations
 
-FIELDS = ("decode_prefix_len", "decode_kv_pages_transferred", "decode_kv_bytes_transferred")
+FIELDS = ("decode_prefix_len", "decode_kv_pages_transferred", "decode_kv_bytes_transferred",
+          "decode_prefill_path", "decode_local_prefill_tokens")
+PATH_PREFILL = "prefill"
+PATH_DECODE_LOCAL = "decode_local"
 
 
-def attach_request_fields(req, decode_prefix_len: int, num_pages: int, num_bytes: int) -> None:
-    """Store the three fields on the decode Req (mutates `req.customized_info`)."""
+def attach_request_fields(req, decode_prefix_len: int, num_pages: int, num_bytes: int,
+                          path: str = PATH_PREFILL, num_local_tokens: int = 0) -> None:
+    """Store the fields on the decode Req (mutates `req.customized_info`)."""
+    if path not in (PATH_PREFILL, PATH_DECODE_LOCAL):
+        raise ValueError(f"unknown prefill path {path!r}")
     info = req.customized_info if req.customized_info is not None else {}
-    info.update(zip(FIELDS, ([decode_prefix_len], [num_pages], [num_bytes])))
+    info.update(zip(FIELDS, ([decode_prefix_len], [num_pages], [num_bytes], [path], [num_local_tokens])))
     req.customized_info = info
 
 

@@ -4,7 +4,7 @@
     entries / admissions --> TtftPredictor --> decide_rejection (SGLANG_PD_TTFT_TARGET_MS)
 
 Hooks (srt/hooks/scheduler.py, decode_scheduler.py, decode_prealloc_queue.py) call `on_step_start`,
-`admission_for`, `on_admitted` and `on_entry`; each returns plain values, never touches SGLang objects. Without either target the controller still
+`on_local_extend`, `admission_for`, `on_admitted` and `on_entry`; each returns plain values, never touches SGLang objects. Without either target the controller still
 measures steps (observability) but never limits or refuses anything. Scheduler thread only.
 """
 
@@ -39,14 +39,21 @@ class SloController:
         """A decode forward starts: close the previous step's sample and learn from it (mutates)."""
         sample = self.meter.on_step_start(now_s, num_running, num_tokens, after_idle)
         if sample is not None:
-            self.step_model.add(sample.num_running, sample.num_tokens, sample.step_s)
+            self.step_model.add(sample.num_running, sample.num_tokens, sample.step_s, sample.num_local_tokens)
             self._gauge("decode_step_seconds_measured", self.meter.ewma_step_s)
 
-    def admission_for(self, num_running: int, num_tokens: int, waiting_lens: Sequence[int]) -> int | None:
-        """How many of the waiting requests (FIFO) may join now; None = no ITL target, take all."""
+    def on_local_extend(self, num_tokens: int, num_running: int, after_idle: bool) -> None:
+        """A decode-local prefill extend runs now: its tokens count in the current step's sample (mutates)."""
+        self.meter.on_local_extend(num_tokens, num_running, after_idle)
+
+    def admission_for(self, num_running: int, num_tokens: int, waiting_lens: Sequence[int],
+                      extend_lens: Sequence[int] | None = None) -> int | None:
+        """How many of the waiting requests (FIFO) may join now; None = no ITL target, take all.
+        `extend_lens`: local-prefill candidates' extend tokens (see decide_admission)."""
         if self.itl_target_s is None:
             return None
-        decision = decide_admission(self.step_model, self.itl_target_s, num_running, num_tokens, waiting_lens)
+        decision = decide_admission(self.step_model, self.itl_target_s, num_running, num_tokens, waiting_lens,
+                                    extend_lens=extend_lens)
         self.last_decision = decision
         if decision.num_admit < len(waiting_lens):
             self.counters.add("decode_admission_deferred_steps_total")

@@ -9,5 +9,5 @@ def after_queue_get(chunk, queue):
     """Remember which room this transfer-worker thread is serving (for NIXL page counts and stalls)."""
     room = getattr(chunk, "room", None)
     if room is not None:
-        current().nixl_stall.on_chunk(int(room))
+        current().transfer_watch.on_chunk(int(room))
     return chunk

@@ -1,10 +1,13 @@
 """Hooks on SGLang's `DecodePreallocQueue` (disaggregation/decode.py): admission, rounds, resume, entry.
 
     add                     -> early rejection (SloController) before any page or lock
-    pop_preallocated        -> one AdmissionRound per call (opened here, closed whatever happens)
+    pop_preallocated        -> one AdmissionRound per call (opened here, closed whatever happens);
+                               requests served by decode-local prefill leave with it, not to transfer
     _match_prefix_and_lock  -> the round's planned match, else DecodePrefixAdmission per request
     _pre_alloc              -> a resumed retracted request re-matches the tree (RadixResume)
-    _send_kv_metadata       -> the hand-off checked against the plan; test faults
+    _send_kv_metadata       -> decode-local prefill decided here (prefill declined, request queued
+                               locally); else the hand-off checked against the plan; test faults
+    _active_req_count       -> local-prefill requests reserve their decode headroom like any other
 
 `QueueSizer` reads SGLang's own budget functions for the round planner.
 """
@@ -16,8 +19,11 @@ import time
 from http import HTTPStatus
 
 from sglang_pd.srt.disaggregation.decode_admission import AdmissionError
-from sglang_pd.srt.disaggregation.request_fields import attach_request_fields
+from sglang_pd.srt.disaggregation.local_prefill import FallbackReason, LocalDecision
+from sglang_pd.srt.disaggregation.request_fields import PATH_DECODE_LOCAL, attach_request_fields
+from sglang_pd.srt.disaggregation.room_decline import DeclineNotice
 from sglang_pd.srt.fault_injection import Fault
+from sglang_pd.srt.hooks.common_conn import send_decline
 from sglang_pd.srt.hooks.takeover import owns_decode_queue
 from sglang_pd.srt.mem_cache.common import RequestKind, bytes_per_page, kv_to_page_num, request_kind
 from sglang_pd.srt.state import current
@@ -62,15 +68,26 @@ def _round_applies(queue, rids_to_check) -> bool:
 
 
 def around_pop_preallocated(original, queue, rids_to_check=None, pp_good_rids=None, pp_bad_rids=None):
-    """Run SGLang's loop as one admission round; release what the loop did not take."""
+    """Run SGLang's loop as one admission round; release what the loop did not take. Requests the
+    loop handed to decode-local prefill are not returned (they must not reach the transfer queue)."""
     if not _round_applies(queue, rids_to_check):
-        return original(queue, rids_to_check, pp_good_rids, pp_bad_rids)
-    admission_round = current().admission_round
-    admission_round.open(queue)
-    try:
-        return original(queue, rids_to_check, pp_good_rids, pp_bad_rids)
-    finally:
-        admission_round.close()
+        preallocated, failed = original(queue, rids_to_check, pp_good_rids, pp_bad_rids)
+    else:
+        admission_round = current().admission_round
+        admission_round.open(queue)
+        try:
+            preallocated, failed = original(queue, rids_to_check, pp_good_rids, pp_bad_rids)
+        finally:
+            admission_round.close()
+    local = current().local_prefill
+    if local.enabled:
+        preallocated = [d for d in preallocated if not local.holds(d.req)]
+    return preallocated, failed
+
+
+def after_active_req_count(result, queue, extra_reserved_reqs=0):
+    """Local-prefill requests hold their row and pages outside SGLang's queues: reserve for them too."""
+    return result + current().local_prefill.num_pending()
 
 
 def _candidates(queue, first_req) -> list:
@@ -113,8 +130,7 @@ def around_match_prefix_and_lock(original, queue, req):
     try:
         planned = _planned_match(queue, req)
     except Exception:  # never take the scheduler down: admit this call per request, as SGLang does
-        state.count_hook_error("admission_round")
-        logger.exception("sglang_pd: planning the admission round failed; admitting per request")
+        state.hook_failed("admission_round", "planning the admission round failed; admitting per request")
         state.admission_round.close()
         planned = None
     if planned is not None:  # matched and locked when the admission round was planned
@@ -123,8 +139,7 @@ def around_match_prefix_and_lock(original, queue, req):
         result = state.decode_admission.match_and_lock(req, queue.tree_cache, request_kind(req), match_kv_cache)
     except AdmissionError:
         # The tree broke the contract before any lock was taken: serve via upstream's path.
-        state.count_hook_error("decode_admission")
-        logger.exception("sglang_pd: decode admission refused the tree's match; using upstream's")
+        state.hook_failed("decode_admission", "decode admission refused the tree's match; using upstream's")
         return original(queue, req)
     return queue._build_decode_prefix_match(req, result)
 
@@ -158,8 +173,7 @@ def around_pre_alloc(original, queue, req, prefix_indices=None, prefix_len=None,
         plan = state.radix_resume.match_and_lock(req, tree, queue._pre_alloc_fill_len(req), match_kv_cache)
         indices = tree.prefix_device_indices(req) if plan.prefix_len else None
     except Exception:  # never take the scheduler down: resume the upstream way, holding nothing
-        state.count_hook_error("radix_resume")
-        logger.exception("sglang_pd: radix-aware resume of %s failed; restoring it in full", req.rid)
+        state.hook_failed("radix_resume", "radix-aware resume of %s failed; restoring it in full", req.rid)
         state.radix_resume.abandon(req, tree)
         return original(queue, req, None, None, None)
     if plan.prefix_len == 0:
@@ -190,10 +204,13 @@ def _fail_transfer(decode_req) -> None:
 
 def around_send_kv_metadata(original, queue, decode_req, kv_indices, page_size, state_indices=None,
                             **metadata_kwargs):
-    """Check the hand-off to the transfer layer against the admission plan, then send."""
+    """Serve the request locally (prefill declined) if decode-local prefill says so; else check the
+    hand-off to the transfer layer against the admission plan, then send."""
     state = current()
     req = decode_req.req
     prefix_len = int(metadata_kwargs.get("decode_prefix_len") or 0)
+    if state.local_prefill.enabled and _serve_locally(decode_req, prefix_len):
+        return None
     num_pages = kv_to_page_num(len(kv_indices), page_size)
     try:
         mismatch = state.decode_admission.record_handoff(str(req.rid), prefix_len, num_pages)
@@ -206,13 +223,78 @@ def around_send_kv_metadata(original, queue, decode_req, kv_indices, page_size, 
             logger.error("sglang_pd: %s handed decode_prefix_len=%s, %s pages to transfer; plan was %s",
                          req.rid, prefix_len, num_pages, mismatch)
     except Exception:
-        state.count_hook_error("send_kv_metadata")
-        logger.exception("sglang_pd: failed to record the transfer hand-off")
+        state.hook_failed("send_kv_metadata", "failed to record the transfer hand-off")
     _apply_faults(decode_req, page_size, metadata_kwargs)
     result = original(queue, decode_req, kv_indices, page_size, state_indices, **metadata_kwargs)
     if state.faults.take(Fault.TRANSFER_FAIL, int(req.bootstrap_room)):
         _fail_transfer(decode_req)
     return result
+
+
+# ---- decode-local prefill -------------------------------------------------------------------------
+def _wants_input_logprobs(req) -> bool:
+    """Prompt logprobs asked for: only prefill's half returns them (decode holds the prefix, not its logits)."""
+    return bool(req.return_logprob) and 0 <= req.logprob_start_len < len(req.origin_input_ids)
+
+
+_UNSUPPORTED = (  # request attribute set (truthy) -> the feature the local extend does not run
+    ("grammar", "structured output (grammar)"), ("multimodal_inputs", "multimodal input"),
+    ("input_embeds", "input embeddings"), ("positional_embed_overrides", "positional embedding overrides"),
+    ("lora_id", "LoRA adapter"), ("return_hidden_states", "hidden states"),
+    ("return_sampling_mask", "sampling mask"), ("session", "session"),
+)
+
+
+def _unsupported_feature(req) -> str | None:
+    return next((what for attr, what in _UNSUPPORTED if getattr(req, attr, None)), None)
+
+
+def _serve_locally(decode_req, prefix_len: int) -> bool:
+    """Decide local vs PD for an admitted, locked, preallocated request; if local, decline it to prefill
+    and queue it for a local extend. True when the request is now decode's (the caller sends nothing).
+
+    Until the decline is sent, any problem leaves the request on the PD path (counted). With several
+    prefill ranks a send that fails half-way has told some of them: the PD path then fails that request
+    through SGLang's failure path (the ranks told dropped the room), releasing it as any failure does."""
+    state = current()
+    req = decode_req.req
+    if request_kind(req) is not RequestKind.NORMAL or decode_req.is_rebootstrap:
+        return False
+    try:
+        decision = state.local_prefill.decide(len(req.origin_input_ids), prefix_len, _wants_input_logprobs(req),
+                                              _unsupported_feature(req))
+    except Exception:
+        state.hook_failed("local_prefill_decide", "deciding decode-local prefill for %s failed; it goes to prefill",
+                          req.rid)
+        return False
+    if decision.fallback is not None:
+        logger.info("sglang_pd: %s goes to prefill: %s %s", req.rid, decision.fallback.value, decision.detail)
+    if not decision.local:
+        return False
+    room = int(req.bootstrap_room)
+    notice = DeclineNotice(room, None, f"sglang_pd: declined by decode, which computed the "
+                                       f"{decision.num_uncached} uncached prompt tokens itself (decode-local prefill)")
+    try:
+        send_decline(decode_req.kv_receiver, notice)
+    except Exception:  # prefill was not told: it must compute the request, so the PD path serves it
+        state.hook_failed("send_decline", "could not decline room %s to prefill; %s goes to prefill", room, req.rid)
+        state.local_prefill.count_fallback(FallbackReason.DECLINE_UNSENT)
+        return False
+    _enqueue_local(decode_req, prefix_len, decision)
+    return True
+
+
+_FAULT_HOLD_S = 5.0  # Fault.LOCAL_QUEUE_HOLD: how long a targeted request waits in the local queue
+
+
+def _enqueue_local(decode_req, prefix_len: int, decision: LocalDecision) -> None:
+    state = current()
+    req = decode_req.req
+    decode_req.kv_receiver.clear()  # abort-notified by the decline: clearing sends nothing more
+    decode_req.kv_receiver = None
+    hold = _FAULT_HOLD_S if state.faults.take(Fault.LOCAL_QUEUE_HOLD, int(req.bootstrap_room)) else 0.0
+    state.local_prefill.enqueue(req, prefix_len, decision.num_uncached, not_before_s=time.monotonic() + hold)
+    attach_request_fields(req, prefix_len, 0, 0, path=PATH_DECODE_LOCAL, num_local_tokens=decision.num_uncached)
 
 
 # ---- entry: early rejection ----------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 import sglang_pd
 from sglang_pd.srt.disaggregation.retry_after import RetryAfterMiddleware
 from sglang_pd.srt.fault_injection import KEY_PREFIX
+from sglang_pd.srt.scrape_refresh import RefreshBeforeScrape
 from sglang_pd.srt.state import INTERNAL_STATE_KEY, current, mode_name
 
 INFO_PATH = "/sglang_pd/info"
@@ -71,16 +72,23 @@ async def arm_faults(body: dict) -> dict:
 
 def before_launch_server(server_args, init_tokenizer_manager_func=None, run_scheduler_process_func=None,
                          run_detokenizer_process_func=None, execute_warmup_func=None, launch_callback=None):
-    """Mount our routes (and, with a TTFT target, the Retry-After middleware) before the app serves."""
+    """Mount our routes and middlewares before the app serves: the scrape refresh (integrity computed
+    for every /metrics scrape) and, with a TTFT target, Retry-After on early-rejection 503s."""
     from sglang.srt.entrypoints.http_server import app
 
     settings = current().settings
     existing = {getattr(r, "path", None) for r in app.routes}
-    if INFO_PATH not in existing:
-        app.add_api_route(INFO_PATH, info, methods=["GET"])
-        app.add_api_route(STATS_PATH, stats, methods=["GET"])
-        if settings.fault_injection:
-            app.add_api_route(FAULTS_PATH, arm_faults, methods=["POST"])
-    if settings.ttft_target_s is not None and not any(
-            getattr(m, "cls", None) is RetryAfterMiddleware for m in app.user_middleware):
+    if INFO_PATH in existing:
+        return
+    app.add_api_route(INFO_PATH, info, methods=["GET"])
+    app.add_api_route(STATS_PATH, stats, methods=["GET"])
+    if settings.fault_injection:
+        app.add_api_route(FAULTS_PATH, arm_faults, methods=["POST"])
+    app.add_middleware(RefreshBeforeScrape, refresh=_refresh_schedulers)
+    if settings.ttft_target_s is not None:
         app.add_middleware(RetryAfterMiddleware)
+
+
+async def _refresh_schedulers() -> None:
+    """Every scheduler runs its integrity check (and updates its gauges) now: see srt/hooks/scheduler.py."""
+    await _scheduler_states()

@@ -15,6 +15,18 @@ def before_agent_config_init(config, enable_prog_thread=True, enable_listen_thre
                            backends=list(backends), sync_mode=sync_mode)
 
 
-def after_check_xfer_state(state, agent, handle):
-    """Past this worker's deadline an unfinished transfer reads as ERR (upstream then fails the room)."""
-    return current().nixl_stall.check(state)
+def around_check_xfer_state(original, agent, handle):
+    """Past this worker's deadline an unfinished transfer is cancelled, then reads as ERR (upstream then
+    fails the room and tells decode). A handle we released is not read again: NIXL freed it."""
+    if getattr(handle, "_released", False):  # nixl_xfer_handle's own flag, set only by a successful release
+        return "ERR"
+    return current().transfer_watch.check(original(agent, handle), cancel=lambda: _cancel(agent, handle))
+
+
+def _cancel(agent, handle) -> bool:
+    """Release (cancel) a transfer; True only if NIXL confirms it: an active transfer it cannot cancel raises."""
+    try:
+        agent.release_xfer_handle(handle)
+    except Exception:
+        return False
+    return True

@@ -25,18 +25,22 @@ def around_init(original, mgr, args, disaggregation_mode, server_args, is_mla_ba
         return original(mgr, args, disaggregation_mode, server_args, is_mla_backend)
 
 
-def after_send_kvcache(handle, mgr, peer_name, prefill_kv_indices, dst_kv_ptrs, dst_kv_indices, dst_gpu_id,
-                       dst_mem_kind="VRAM"):
-    """Count the KV pages (and bytes) NIXL was just asked to move for the current room."""
+def around_send_kvcache(original, mgr, peer_name, prefill_kv_indices, dst_kv_ptrs, dst_kv_indices, dst_gpu_id,
+                        dst_mem_kind="VRAM"):
+    """Count the KV pages (and bytes) NIXL is asked to move for the current room; a test fault makes
+    the send raise instead, so upstream's own worker failure path runs."""
     state = current()
+    if state.transfer_watch.take_send_failure():
+        raise RuntimeError(f"sglang_pd: injected prefill transfer failure (room {state.transfer_watch.room()})")
+    handle = original(mgr, peer_name, prefill_kv_indices, dst_kv_ptrs, dst_kv_indices, dst_gpu_id, dst_mem_kind)
     pages = len(prefill_kv_indices)
-    state.prefill_log.record_nixl_pages(state.nixl_stall.room(), pages, pages * bytes_per_page(mgr.kv_args))
+    state.prefill_log.record_nixl_pages(state.transfer_watch.room(), pages, pages * bytes_per_page(mgr.kv_args))
     return handle
 
 
 def around_await_handles(original, mgr, handles, *, failure_seen):
     """Arm this thread's stall deadline for the batch being awaited."""
-    with current().nixl_stall.armed():
+    with current().transfer_watch.armed():
         return original(mgr, handles, failure_seen=failure_seen)
 
 

@@ -30,8 +30,7 @@ def _record_lock(lock, node) -> None:
         if lock is not None:
             state.lock_ledger.record_lock(lock, _path_tokens(node))
     except Exception:  # the ledger must never take the scheduler down
-        state.count_hook_error("lock")
-        logger.exception("sglang_pd: ledger failed to record a lock")
+        state.hook_failed("lock", "ledger failed to record a lock")
 
 
 def after_lock(lock, tree_cache, node):
@@ -52,8 +51,7 @@ def around_unlock(original, tree_cache, lock):
     try:
         release = lock is None or state.lock_ledger.record_release(lock)
     except Exception:
-        state.count_hook_error("unlock")
-        logger.exception("sglang_pd: ledger failed to record a release")
+        state.hook_failed("unlock", "ledger failed to record a release")
         release = True
     return original(tree_cache, lock) if release else None
 

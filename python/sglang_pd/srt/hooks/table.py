@@ -3,7 +3,8 @@
 Adding a hook anywhere else is a bug: `plugin.register()` applies exactly this table, and the unit
 tier checks that every target still resolves in the pinned SGLang and that every hook's signature
 matches its target's (names, kinds, defaults). The functions live beside this file, one module per
-upstream module (or class) they patch.
+upstream module (or class) they patch. `REGISTRY_TABLE` lists the names we add to SGLang's own
+registries (nothing patched: SGLang looks the name up itself), e.g. our attention backend.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from sglang_pd.srt.hooks import (common_conn, common_utils, decode_prealloc_queue, decode_scheduler, http_server,
-                                 mem_cache_common, mooncake_conn, nixl_api, nixl_conn, output_streamer, prefill,
-                                 prefix_cache, schedule_batch, scheduler, tokenizer_manager)
+from sglang_pd.srt.hooks import (attention_backend, common_conn, common_utils, decode_prealloc_queue,
+                                 decode_scheduler, http_server, mem_cache_common, mooncake_conn, nixl_api, nixl_conn,
+                                 output_streamer, prefill, prefix_cache, schedule_batch, scheduler, tokenizer_manager)
 from sglang_pd.srt.state import ProcessKind
 
 _DISAGG = "sglang.srt.disaggregation"
@@ -76,11 +77,12 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
     HookSpec(
         f"{_DISAGG}.mooncake.conn.MooncakeKVManager._handle_abort_notification", "AROUND",
         mooncake_conn.around_handle_abort_notification, ProcessKind.SCHEDULER,
-        "check transfer-info frames first: a malformed one fails its room, not the bootstrap thread"),
+        "check transfer-info frames first: a malformed one fails its room, not the bootstrap thread; "
+        "prefill: consume a room decline (fail the room now, or tombstone it until it exists)"),
     HookSpec(
         f"{_DISAGG}.nixl.conn.NixlKVManager._handle_abort_notification", "AROUND",
         nixl_conn.around_handle_abort_notification, ProcessKind.SCHEDULER,
-        "same for NIXL (whose parser also asserts on foreign traffic)"),
+        "same for NIXL (whose parser also asserts on foreign traffic), declines included"),
     HookSpec(
         f"{_DISAGG}.nixl.conn.NixlKVManager.__init__", "AROUND", nixl_conn.around_init,
         ProcessKind.SCHEDULER, "CPU device: register KV as DRAM (upstream says VRAM) and scope the next row"),
@@ -91,14 +93,24 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         f"{_DISAGG}.common.utils.FastQueue.get", "AFTER", common_utils.after_queue_get,
         ProcessKind.SCHEDULER, "know which room a NIXL transfer worker serves (for page counts / stalls)"),
     HookSpec(
-        f"{_DISAGG}.nixl.conn.NixlKVManager.send_kvcache", "AFTER", nixl_conn.after_send_kvcache,
-        ProcessKind.SCHEDULER, "count the KV pages NIXL itself was asked to move, per room"),
+        f"{_DISAGG}.nixl.conn.NixlKVManager.send_kvcache", "AROUND", nixl_conn.around_send_kvcache,
+        ProcessKind.SCHEDULER, "count the KV pages NIXL itself was asked to move, per room (test fault: the "
+        "send raises, for upstream's prefill-side failure path)"),
+    HookSpec(
+        f"{_DISAGG}.mooncake.conn.MooncakeKVManager._transfer_data", "AROUND", mooncake_conn.around_transfer_data,
+        ProcessKind.SCHEDULER, "split a batch over SGLANG_PD_MOONCAKE_MAX_BATCH_DESCRIPTORS: mooncake's TCP "
+        "transport refuses batches over its per-peer queue limit (page 1, many layers, fragmented pool)"),
+    HookSpec(
+        f"{_DISAGG}.mooncake.conn.MooncakeKVManager.send_kvcache", "AROUND", mooncake_conn.around_send_kvcache,
+        ProcessKind.SCHEDULER, "tests only: an armed prefill_transfer_fail reports the room's send failed "
+        "(upstream's own prefill-side transport failure path); otherwise passes through"),
     HookSpec(
         f"{_DISAGG}.nixl.conn.NixlKVManager._await_handles", "AROUND", nixl_conn.around_await_handles,
         ProcessKind.SCHEDULER, "arm a stall deadline: upstream waits forever on a transfer that never ends"),
     HookSpec(
-        "nixl._api.nixl_agent.check_xfer_state", "AFTER", nixl_api.after_check_xfer_state,
-        ProcessKind.SCHEDULER, "past the deadline a transfer reads ERR, so upstream fails the room"),
+        "nixl._api.nixl_agent.check_xfer_state", "AROUND", nixl_api.around_check_xfer_state,
+        ProcessKind.SCHEDULER, "past the deadline a transfer is cancelled, then reads ERR, so upstream fails "
+        "the room and tells decode (never while a write may still land)"),
     HookSpec(
         f"{_TREE}.lock", "AFTER", prefix_cache.after_lock, ProcessKind.SCHEDULER,
         "record every tree lock with its owner in the LockLedger"),
@@ -126,7 +138,8 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
     HookSpec(
         f"{_DISAGG}.decode.DecodePreallocQueue._send_kv_metadata", "AROUND",
         decode_prealloc_queue.around_send_kv_metadata, ProcessKind.SCHEDULER,
-        "check decode_prefix_len and page count handed to the transfer layer against the plan"),
+        "decode-local prefill decided after match + lock + prealloc, before prefill hears of the request "
+        "(local: decline sent, request queued); else check decode_prefix_len and pages against the plan"),
     # --- retraction that keeps the prefix, batched eviction (issue 5) ---
     HookSpec(
         f"{_DISAGG}.decode.DecodePreallocQueue._pre_alloc", "AROUND",
@@ -139,11 +152,13 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
     HookSpec(
         f"{_DISAGG}.decode.DecodePreallocQueue.pop_preallocated", "AROUND",
         decode_prealloc_queue.around_pop_preallocated, ProcessKind.SCHEDULER,
-        "run the prealloc loop as one admission round (evict once); release planned locks not taken"),
+        "run the prealloc loop as one admission round (evict once); release planned locks not taken; "
+        "requests served by decode-local prefill do not go on to the transfer queue"),
     # ---- SLO-aware decode admission (issue 10; slo_controller.py): ITL target, early rejection ----
     HookSpec(
         "sglang.srt.managers.scheduler.Scheduler.run_batch", "BEFORE", scheduler.before_run_batch,
-        ProcessKind.SCHEDULER, "decode: time launch-to-launch of decode steps, the samples the step model learns"),
+        ProcessKind.SCHEDULER, "decode: time launch-to-launch of decode steps (a local extend's tokens ride "
+        "on its step), the samples the step model learns; prefill: count prompt tokens its model computes"),
     HookSpec(
         f"{_DISAGG}.decode.SchedulerDisaggregationDecodeMixin._get_new_prebuilt_batch", "AROUND",
         decode_scheduler.around_get_new_prebuilt_batch, ProcessKind.SCHEDULER,
@@ -152,12 +167,73 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         f"{_DISAGG}.decode.DecodePreallocQueue.add", "AROUND", decode_prealloc_queue.around_add,
         ProcessKind.SCHEDULER, "refuse (503) a request whose predicted TTFT exceeds SGLANG_PD_TTFT_TARGET_MS, "
         "before any page or lock"),
+    # ---- decode-local prefill (issue 20; local_prefill.py, room_decline.py) ----
+    HookSpec(
+        f"{_DISAGG}.decode.SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run", "AROUND",
+        decode_scheduler.around_get_next_disagg_decode_batch_to_run, ProcessKind.SCHEDULER,
+        "the local extend that ran joins the running batch; the next one (capped tokens, at most one per "
+        "decode step) runs in place of this step's decode when due"),
+    HookSpec(
+        "sglang.srt.managers.schedule_batch.alloc_for_extend", "AROUND", schedule_batch.around_alloc_for_extend,
+        ProcessKind.SCHEDULER, "a local extend writes into the pages decode preallocated (no second allocation)"),
+    HookSpec(
+        f"{_DISAGG}.decode.DecodePreallocQueue._active_req_count", "AFTER",
+        decode_prealloc_queue.after_active_req_count, ProcessKind.SCHEDULER,
+        "admission reserves decode headroom for local-prefill requests, which sit in none of SGLang's queues"),
+    HookSpec(
+        "sglang.srt.managers.scheduler.Scheduler.is_disable_overlap_for_batch", "AFTER",
+        scheduler.after_is_disable_overlap_for_batch, ProcessKind.SCHEDULER,
+        "overlap loop: a local extend's result (first token) is processed before the next batch launches"),
+    HookSpec(
+        "sglang.srt.managers.scheduler.Scheduler.is_fully_idle", "AFTER", scheduler.after_is_fully_idle,
+        ProcessKind.SCHEDULER, "not idle while local-prefill requests hold pages (no idle sleep, no idle "
+        "leak check on them)"),
+    HookSpec(
+        "sglang.srt.managers.scheduler.Scheduler.abort_request", "AFTER", scheduler.after_abort_request,
+        ProcessKind.SCHEDULER, "client aborts reach requests queued for a local extend (answered, released)"),
+    HookSpec(
+        f"{_DISAGG}.prefill.PrefillBootstrapQueue.add", "AFTER", prefill.after_add, ProcessKind.SCHEDULER,
+        "prefill: a room decode declined before this half arrived fails at once (else a 300 s bootstrap wait)"),
+    HookSpec(
+        f"{_DISAGG}.prefill.SchedulerDisaggregationPrefillMixin.handle_bootstrap_failure", "AROUND",
+        prefill.around_handle_bootstrap_failure, ProcessKind.SCHEDULER,
+        "prefill: a declined room answers as decode asked (200 for decode-local prefill), not as a failure"),
 )
 
 
 def hooks_for(kind: ProcessKind) -> tuple[HookSpec, ...]:
     """The rows of HOOK_TABLE applied in a process of `kind` (read-only)."""
     return tuple(spec for spec in HOOK_TABLE if spec.process is kind)
+
+
+@dataclass(frozen=True)
+class RegistrySpec:
+    """One name we add to an upstream registry (`target`, a module attribute) by calling `add()`."""
+
+    target: str
+    add: Callable[[], None]  # idempotent
+    processes: tuple[ProcessKind, ...]
+    why: str
+
+
+REGISTRY_TABLE: tuple[RegistrySpec, ...] = (
+    # ---- shared-prefix decode attention (issue 17; srt/hooks/attention_backend.py) ----
+    RegistrySpec(
+        "sglang.srt.arg_groups.choices.ATTENTION_BACKEND_CHOICES", attention_backend.register_backend_choice,
+        (ProcessKind.HTTP, ProcessKind.SCHEDULER),
+        "accept --attention-backend / --decode-attention-backend sglang_pd_shared_prefix (the HTTP process "
+        "loads plugins before it parses arguments)"),
+    RegistrySpec(
+        "sglang.srt.layers.attention.attention_registry.ATTENTION_BACKENDS", attention_backend.register_backend_factory,
+        (ProcessKind.SCHEDULER,),
+        "the model runner builds sglang_pd_shared_prefix by name: decode by shared physical prefix around "
+        "TorchNativeAttnBackend"),
+)
+
+
+def registrations_for(kind: ProcessKind) -> tuple[RegistrySpec, ...]:
+    """The rows of REGISTRY_TABLE applied in a process of `kind` (read-only)."""
+    return tuple(spec for spec in REGISTRY_TABLE if kind in spec.processes)
 
 
 def apply_ledger_hooks() -> None:

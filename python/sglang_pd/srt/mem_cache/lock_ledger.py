@@ -25,6 +25,7 @@ import enum
 import logging
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
@@ -120,9 +121,12 @@ class LockLedger:
     Not thread-safe: SGLang takes and releases tree locks on the scheduler thread only.
     """
 
-    def __init__(self, counters: PDCounters | None = None):
+    def __init__(self, counters: PDCounters | None = None, max_recent: int = 256):
         self.counters = counters if counters is not None else PDCounters()
         self._active: dict[int, tuple[Any, LockRecord]] = {}  # id(TreeLock) -> (TreeLock, record)
+        # the latest releases (owner, tokens, state it was released from, seconds held): what tests
+        # assert an exit path really released
+        self._recent: deque[dict] = deque(maxlen=max_recent)
 
     # ---- mutating -------------------------------------------------------------------------------
     def record_lock(self, lock: Any, num_tokens: int | None) -> LockRecord | None:
@@ -177,6 +181,10 @@ class LockLedger:
             return False
         entry = self._active.pop(id(lock), None)
         object.__setattr__(lock, _RELEASED_MARK, True)  # TreeLock may be a frozen dataclass
+        if entry is not None:
+            rec = entry[1]
+            self._recent.append({"owner": rec.owner, "num_tokens": rec.num_tokens, "from_state": rec.state.value,
+                                 "held_s": round(time.monotonic() - rec.taken_at, 3)})
         if entry is None:
             self.counters.add("tree_lock_unknown_releases_total")
             logger.error("sglang_pd: release of a lock the ledger never recorded (node %s, caller %s)",
@@ -231,11 +239,13 @@ class LockLedger:
         return self._count("tree_lock_unknown_releases_total")
 
     def summary(self, max_owners: int = 32) -> dict:
-        """JSON-able counters plus the oldest outstanding owners with their lock states."""
+        """JSON-able counters, outstanding locks per owner, the oldest ones with their states, and the
+        latest releases."""
         now = time.monotonic()
         oldest = self.outstanding()[:max_owners]
         return {
             "num_outstanding": len(self._active),
+            "owners": self.owners(),
             "num_locks": self.num_locks,
             "num_releases": self.num_releases,
             "num_double_releases": self.num_double_releases,
@@ -243,4 +253,5 @@ class LockLedger:
             "num_refused_transitions": self._count("tree_lock_refused_transitions_total"),
             "oldest": [{"owner": r.owner, "state": r.state.value, "num_tokens": r.num_tokens,
                         "age_s": round(now - r.taken_at, 3)} for r in oldest],
+            "recent_releases": list(self._recent),
         }
