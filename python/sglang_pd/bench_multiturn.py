@@ -5,6 +5,7 @@
     python -m sglang_pd.bench_multiturn --prefill-url URL --decode-url URL --bootstrap-port P   # attach (one config)
     python -m sglang_pd.bench_multiturn --preset capacity --configs off,on,on+itl,on+itl+reject \
         --itl-target-ms 40 --ttft-target-ms 3000 --pareto-itl-targets 30,60   # SLO comparison + Pareto plot
+    python -m sglang_pd.bench_multiturn --preset capacity --configs off,on-upstream,on   # what the plugin adds
     python -m sglang_pd.bench_multiturn --preset short --configs off,on,on+local --local-prefill-tokens 64 \
         --local-sweep 16,64,256 --out-dir docs/local_prefill        # decode-local prefill + threshold sweep
     python -m sglang_pd.bench_multiturn --preset capacity --configs off,on,off+shared,on+shared   # decode attention
@@ -12,7 +13,10 @@
 Each configuration gets its own fresh PD deployment (started, primed with the shared system prompt,
 measured, stopped). Prints a table (TTFT p50/p90/p99, ITL, request and token throughput, decode hit
 rate, KV pages and bytes transferred, measured at prefill), writes JSON and a PNG of per-round TTFT
-and hit rate, and checks that greedy outputs are identical OFF vs ON. With SLO targets it also
+and hit rate, and checks that greedy outputs are identical across configurations. `on-upstream` runs
+upstream's decode radix cache flag with sglang_pd not loaded: its figures come from what SGLang itself
+exposes (its /metrics; decode hit rate and page counts read n/a), and a configuration whose servers
+do not start is recorded with the log lines that say why. With SLO targets it also
 scores every request (bench/slo.py: attainment, goodput; plots), and `--pareto-itl-targets` adds one
 `on+itl` run per target and plots TTFT p50 against ITL p50. `+local` configurations serve requests
 whose uncached prompt part is at most `--local-prefill-tokens` on decode (prefill declines them);
@@ -36,8 +40,10 @@ from tqdm import tqdm
 from sglang_pd.bench.multiturn_workload import WorkloadConfig, run_workload, system_prompt
 from sglang_pd.bench.pd_client import pd_stream
 from sglang_pd.bench.report import format_table, plot, plot_summary, summarize
+from sglang_pd.bench.server_figures import ServerFigures
 from sglang_pd.bench.slo import BenchConfig, SloTargets, parse_configs, plot_pareto, plot_slo, slo_figures
-from sglang_pd.harness import DeploymentConfig, PDDeployment
+from sglang_pd.bench.start_failure import StartFailure
+from sglang_pd.harness import DeploymentConfig, PDDeployment, ServerStartError
 
 PRESETS: dict[str, tuple[dict, dict]] = {  # name -> (workload, deployment)
     "tiny": (dict(num_clients=3, num_rounds=2, system_len=64, first_question_len=16, question_len=8,
@@ -57,7 +63,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--preset", choices=sorted(PRESETS), default="short")
     p.add_argument("--configs", "--modes", dest="configs", default="off,on",
-                   help="configurations to run, in order, each on a fresh PD pair: off|on[+itl][+reject][+shared]")
+                   help="configurations to run, in order, each on a fresh PD pair: "
+                        "off|on[+itl][+reject][+shared][+local]|on-upstream")
     p.add_argument("--itl-target-ms", type=float, help="ITL target: +itl configs run with it; requests are scored on it")
     p.add_argument("--ttft-target-ms", type=float, help="TTFT target: +reject configs run with it; requests scored on it")
     p.add_argument("--pareto-itl-targets", default="",
@@ -103,15 +110,6 @@ def workload_config(args) -> WorkloadConfig:
     return WorkloadConfig(**base)
 
 
-def _prefill_counters(url: str) -> dict:
-    """Prefill's own counters: KV moved, prompt tokens its model computed, halves decode declined."""
-    state = PDDeployment.get_json(url, "/sglang_pd/stats")["schedulers"][0]["counters"]
-    return {"pages": state["kv_pages_transferred_total"], "bytes": state["kv_bytes_transferred_total"],
-            "computed_tokens": state["prefill_computed_tokens_total"],
-            "declined": state["prefill_declined_requests_total"],
-            "declined_computed_tokens": state["prefill_declined_computed_tokens_total"]}
-
-
 def measure(prefill_url, decode_url, bootstrap_port, cfg: WorkloadConfig, label: str, progress: bool,
             slo: SloTargets | None = None):
     """Prime the shared prefix, run the workload, return (summary, outputs by (client, round))."""
@@ -119,27 +117,32 @@ def measure(prefill_url, decode_url, bootstrap_port, cfg: WorkloadConfig, label:
     primed = send(system_prompt(cfg), 1)
     if not primed.ok:
         raise RuntimeError(f"priming request failed: {primed.error}")
-    before = _prefill_counters(prefill_url)
+    figures = ServerFigures(prefill_url, decode_url)
+    before = figures.snapshot()
     bar = tqdm(total=cfg.num_clients * cfg.num_rounds, desc=label, disable=not progress, file=sys.stderr)
     start = time.perf_counter()
     records = run_workload(cfg, send, on_done=lambda r: bar.update(0 if r.result.rejected else 1))
     duration = time.perf_counter() - start
     bar.close()
-    after = _prefill_counters(prefill_url)
-    transfer = {k: after[k] - before[k] for k in after}
+    after = figures.snapshot()
     outputs = {(r.client, r.round): r.result.output_ids for r in records if not r.result.rejected}
-    summary = summarize(records, duration, transfer)
+    summary = summarize(records, duration, figures.transfer(before, after))
+    summary.update(figures.delta(before, after), sglang_pd=figures.plugin)
     if slo is not None and (slo.ttft_s or slo.itl_s):
         summary.update(slo_figures([r.result for r in records], duration, slo))
-    decode_state = PDDeployment.get_json(decode_url, "/sglang_pd/stats")["schedulers"][0]
+    decode_state = (PDDeployment.get_json(decode_url, "/sglang_pd/stats")["schedulers"][0]
+                    if figures.plugin else {})
     summary["decode_slo"] = decode_state.get("slo")
     summary["decode_shared_attention"] = decode_state.get("shared_attention")
     return summary, outputs
 
 
 def run_config(config: BenchConfig, args, cfg: WorkloadConfig):
-    """Fresh deployment for one configuration; stopped whatever happens."""
-    deploy = dict(PRESETS[args.preset][1], transfer_backend=args.transfer_backend, env_overrides=config.env)
+    """Fresh deployment for one configuration; stopped whatever happens.
+
+    Returns (summary, outputs), or (StartFailure, {}) when a server of the pair does not start."""
+    deploy = dict(PRESETS[args.preset][1], transfer_backend=args.transfer_backend, env_overrides=config.env,
+                  plugin=config.plugin)
     if args.model:
         deploy["model"] = args.model
     if args.page_size:
@@ -147,11 +150,33 @@ def run_config(config: BenchConfig, args, cfg: WorkloadConfig):
     if args.decode_max_total_tokens:
         deploy["decode_max_total_tokens"] = args.decode_max_total_tokens
     t0 = time.perf_counter()
-    with PDDeployment(DeploymentConfig(decode_radix=config.decode_radix,
-                                       decode_attention_backend=config.decode_attention_backend, **deploy)) as dep:
+    dep = PDDeployment(DeploymentConfig(decode_radix=config.decode_radix,
+                                        decode_attention_backend=config.decode_attention_backend, **deploy))
+    try:
+        dep.start()
+    except ServerStartError as exc:
+        print(f"[{config.name}] PD pair did not start (logs {dep.log_dir})", file=sys.stderr)
+        return StartFailure.from_servers(config.name, dep.servers, dep.log_dir, exc), {}
+    try:
         print(f"[{config.name}] PD pair up in {time.perf_counter() - t0:.0f}s (logs {dep.log_dir})", file=sys.stderr)
-        return measure(dep.prefill.url, dep.decodes[0].url, dep.bootstrap_port, cfg, config.name,
-                       not args.no_progress, args.slo)
+        summary, outputs = measure(dep.prefill.url, dep.decodes[0].url, dep.bootstrap_port, cfg, config.name,
+                                   not args.no_progress, args.slo)
+        summary["clean_after_run"] = _clean_after_run(dep)
+        return summary, outputs
+    finally:
+        dep.stop()
+
+
+def _clean_after_run(dep: PDDeployment) -> dict:
+    """Whether the pair went idle and clean after the run (PDDeployment.wait_clean), not raised:
+    a leak is a finding to record beside the figures."""
+    try:
+        reports = dep.wait_clean(timeout_s=60)
+        return {"clean": True, "checked_by": {name: "sglang_pd integrity check" if "integrity" in r else
+                                              "SGLang /v1/loads + idle-check log (lock owners not checkable)"
+                                              for name, r in reports.items()}}
+    except AssertionError as exc:
+        return {"clean": False, "detail": str(exc)[:2000]}
 
 
 def machine() -> str:
@@ -163,8 +188,10 @@ def _pareto_points(args, cfg: WorkloadConfig, results: dict) -> dict[str, dict]:
     """Run one on+itl configuration per Pareto target (reusing the main run of the same configuration)."""
     points = {}
     for target, config in zip(args.pareto, args.pareto_configs):
-        points[f"itl {target:g} ms"] = (results[config.name] if config in args.configs
-                                        else run_config(config, args, cfg)[0])
+        point = results[config.name] if config in args.configs else run_config(config, args, cfg)[0]
+        if isinstance(point, StartFailure):
+            raise RuntimeError(point.describe())
+        points[f"itl {target:g} ms"] = point
     return points
 
 
@@ -172,8 +199,10 @@ def _sweep_points(args, cfg: WorkloadConfig, results: dict) -> dict:
     """One run per swept threshold (reusing a main run of the same configuration)."""
     points = {}
     for threshold, config in zip(args.sweep, args.sweep_configs):
-        points[threshold] = (results[config.name] if config in args.configs
-                             else run_config(config, args, cfg)[0])
+        point = results[config.name] if config in args.configs else run_config(config, args, cfg)[0]
+        if isinstance(point, StartFailure):
+            raise RuntimeError(point.describe())
+        points[threshold] = point
     return points
 
 
@@ -205,21 +234,29 @@ def identical_outputs(outputs: dict[str, dict]) -> dict:
                        for name, out in outputs.items() if name != ref}}
 
 
+def _run_all(args, cfg: WorkloadConfig) -> tuple[dict, dict, dict]:
+    """(results, outputs, start failures) of every configuration, or of the attached pair."""
+    if args.prefill_url:
+        summary, outs = measure(args.prefill_url, args.decode_url, args.bootstrap_port, cfg, args.label,
+                                not args.no_progress, args.slo)
+        return {args.label: summary}, {args.label: outs}, {}
+    results, outputs, failures = {}, {}, {}
+    for config in args.configs:
+        result, outs = run_config(config, args, cfg)
+        if isinstance(result, StartFailure):
+            failures[config.name] = result
+        else:
+            results[config.name], outputs[config.name] = result, outs
+    return results, outputs, failures
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     cfg = workload_config(args)
-    results, outputs = {}, {}
-    if args.prefill_url:
-        results[args.label], outputs[args.label] = measure(args.prefill_url, args.decode_url, args.bootstrap_port,
-                                                           cfg, args.label, not args.no_progress, args.slo)
-    else:
-        for config in args.configs:
-            results[config.name], outputs[config.name] = run_config(config, args, cfg)
+    t0 = time.perf_counter()
+    results, outputs, failures = _run_all(args, cfg)
     pareto = _pareto_points(args, cfg, results) if args.pareto and not args.prefill_url else {}
     sweep = _sweep_points(args, cfg, results) if args.sweep and not args.prefill_url else {}
-    same = None
-    if "off" in outputs and "on" in outputs:
-        same = sum(outputs["off"][k] == outputs["on"].get(k) for k in outputs["off"])
     identical = identical_outputs(outputs)
     out = Path(args.out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -229,25 +266,36 @@ def main(argv=None) -> int:
               "transfer_backend": args.transfer_backend, "slo": args.slo.describe(),
               "configs": [dataclasses.asdict(c) for c in args.configs],
               "results": results, "pareto": pareto, "local_sweep": {str(t): r for t, r in sweep.items()},
-              "identical_outputs_off_vs_on": same, "identical_outputs": identical}
+              "identical_outputs": identical,
+              "start_failures": {n: f.as_dict() for n, f in failures.items()},
+              "wall_time_s": time.perf_counter() - t0}  # every configuration, start-ups and stops included
     (out / f"bench_multiturn_{args.preset}.json").write_text(json.dumps(report, indent=2))
-    plot(results, str(out / f"bench_multiturn_{args.preset}.png"))
-    plot_summary(results, str(out / f"bench_multiturn_{args.preset}_summary.png"))
-    if all("slo_attainment" in r for r in results.values()):
+    for failure in failures.values():
+        failure.write_log(out / f"bench_multiturn_{args.preset}_{failure.config}_start_failure.log")
+    if results:
+        plot(results, str(out / f"bench_multiturn_{args.preset}.png"))
+        plot_summary(results, str(out / f"bench_multiturn_{args.preset}_summary.png"))
+    if results and all("slo_attainment" in r for r in results.values()):
         plot_slo(results, str(out / f"bench_multiturn_{args.preset}_slo.png"))
     print(f"\nbench_multiturn preset={args.preset} backend={args.transfer_backend} on {machine()}")
     print(f"workload: {json.dumps(dataclasses.asdict(cfg))}; SLO scored: {args.slo.describe()}\n")
-    print(format_table(results))
-    if same is not None:
-        print(f"\nidentical greedy outputs OFF vs ON: {same}/{len(outputs['off'])}")
+    if results:
+        print(format_table(results))
     for name, count in identical["counts"].items():
         print(f"identical greedy outputs {identical['reference']} vs {name}: {count}/{identical['num_outputs']}")
+    for name, result in results.items():
+        if not result.get("clean_after_run", {"clean": True})["clean"]:
+            print(f"\nWARNING [{name}] servers not idle and clean after the run: "
+                  f"{result['clean_after_run']['detail'][:600]}")
+    for failure in failures.values():
+        print(f"\n{failure.describe()}")
     if sweep:
         print("\ndecode-local prefill threshold sweep:\n" + format_sweep(sweep))
     if pareto:
         _write_pareto(args, results, pareto, out)
     print(f"\nJSON and PNGs in {out}/")
-    return 0 if all(r["failed"] == 0 for r in [*results.values(), *pareto.values(), *sweep.values()]) else 1
+    ran_ok = all(r["failed"] == 0 for r in [*results.values(), *pareto.values(), *sweep.values()])
+    return 0 if ran_ok and not failures else 1
 
 
 if __name__ == "__main__":

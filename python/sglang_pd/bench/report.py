@@ -18,23 +18,29 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (pos - low)
 
 
-def summarize(records: list[RequestRecord], duration_s: float, transfer: dict) -> dict:
+def _hit_tokens(results) -> int:
+    return sum(int(r.meta_info.get("decode_prefix_len", 0) or 0) for r in results)
+
+
+def summarize(records: list[RequestRecord], duration_s: float, transfer: dict | None) -> dict:
     """Figures of one configuration. `transfer`: prefill counter deltas (pages, bytes, computed tokens,
-    declined requests and the tokens prefill had computed for them)."""
+    declined requests and the tokens prefill had computed for them), None where sglang_pd is not
+    loaded (those figures are then None). Decode hit figures come from the decode_prefix_len sglang_pd
+    adds to meta_info: None (not 0) when no response carries it."""
     ok = [r.result for r in records if r.result.ok]
     local = [r for r in ok if r.meta_info.get("decode_prefill_path") == "decode_local"]
     ttft = [r.ttft_s for r in ok]
     itl = [g for r in ok for g in r.itl_s]
     prompt_tokens = sum(r.prompt_len for r in ok)
-    hit_tokens = sum(int(r.meta_info.get("decode_prefix_len", 0) or 0) for r in ok)
+    has_hits = any("decode_prefix_len" in r.meta_info for r in ok)
+    hit_tokens = _hit_tokens(ok) if has_hits else None
     rounds = sorted({rec.round for rec in records})
     per_round = {}
     for rnd in rounds:
         rs = [rec.result for rec in records if rec.round == rnd and rec.result.ok]
         per_round[rnd + 1] = {
             "ttft_p50_s": percentile([r.ttft_s for r in rs], 50),
-            "hit_rate": (sum(int(r.meta_info.get("decode_prefix_len", 0) or 0) for r in rs)
-                         / max(1, sum(r.prompt_len for r in rs))),
+            "hit_rate": _hit_tokens(rs) / max(1, sum(r.prompt_len for r in rs)) if has_hits else None,
         }
     rejected = sum(bool(r.result.rejected) for r in records)
     return {
@@ -45,15 +51,21 @@ def summarize(records: list[RequestRecord], duration_s: float, transfer: dict) -
         "request_throughput": len(ok) / duration_s if duration_s else 0.0,
         "output_token_throughput": sum(len(r.output_ids) for r in ok) / duration_s if duration_s else 0.0,
         "prompt_tokens": prompt_tokens, "decode_hit_tokens": hit_tokens,
-        "decode_hit_rate": hit_tokens / prompt_tokens if prompt_tokens else 0.0,
-        "kv_pages_transferred": transfer.get("pages", 0), "kv_bytes_transferred": transfer.get("bytes", 0),
-        "prefill_computed_tokens": transfer.get("computed_tokens", 0),
-        "prefill_declined": transfer.get("declined", 0),
-        "prefill_declined_computed_tokens": transfer.get("declined_computed_tokens", 0),
+        "decode_hit_rate": None if hit_tokens is None else hit_tokens / prompt_tokens if prompt_tokens else 0.0,
+        **_prefill_figures(transfer),
         "local_requests": len(local),
         "local_prefill_tokens": sum(int(r.meta_info.get("decode_local_prefill_tokens", 0) or 0) for r in local),
         "duration_s": duration_s, "per_round": per_round,
+        "errors": sorted({r.result.error for r in records if not r.result.ok and not r.result.rejected})[:5],
     }
+
+
+def _prefill_figures(transfer: dict | None) -> dict:
+    """Prefill's counter deltas as summary fields; all None without sglang_pd (`transfer` None)."""
+    keys = {"kv_pages_transferred": "pages", "kv_bytes_transferred": "bytes",
+            "prefill_computed_tokens": "computed_tokens", "prefill_declined": "declined",
+            "prefill_declined_computed_tokens": "declined_computed_tokens"}
+    return {field: None if transfer is None else transfer.get(key, 0) for field, key in keys.items()}
 
 
 # (key, label, format, ratio direction: "down" = OFF/ON is the gain, "up" = ON/OFF is the gain)
@@ -69,6 +81,21 @@ ROWS = [
     ("prefill_computed_tokens", "prefill tokens computed (prefill's counter)", "{:.0f}", "down"),
     ("failed", "failed requests", "{:.0f}", None),
 ]
+# Shown when the run read the servers' figures (bench/server_figures.py): SGLang's own metrics, then
+# sglang_pd's decode counters (n/a where the plugin is not loaded).
+SERVER_ROWS = [
+    ("sglang_kv_transfer_mb", "KV MB sent (SGLang kv_transfer_total_mb)", "{:.1f}", "down"),
+    ("sglang_retracted_requests", "decode retractions (SGLang)", "{:.0f}", None),
+    ("sglang_eviction_passes", "decode eviction passes (SGLang)", "{:.0f}", None),
+    ("sglang_evicted_tokens", "decode tokens evicted (SGLang)", "{:.0f}", None),
+]
+PLUGIN_ROWS = [
+    ("admission_rounds_total", "admission rounds (sglang_pd)", "{:.0f}", None),
+    ("admission_round_evictions_total", "admission-round evictions (sglang_pd)", "{:.0f}", None),
+    ("resume_requests_total", "radix-aware resumes (sglang_pd)", "{:.0f}", None),
+    ("resume_restored_tokens_total", "tokens restored on resume (sglang_pd)", "{:.0f}", None),
+    ("resume_backup_tokens_total", "tokens a full restore copies (sglang_pd)", "{:.0f}", None),
+]
 # Shown when some configuration served requests with decode-local prefill.
 LOCAL_ROWS = [
     ("local_requests", "requests served decode-locally", "{:.0f}", None),
@@ -76,8 +103,10 @@ LOCAL_ROWS = [
     ("prefill_declined", "prefill halves declined", "{:.0f}", None),
     ("prefill_declined_computed_tokens", "prefill tokens computed for declined requests", "{:.0f}", None),
 ]
-# Gain columns, when both configurations ran: (baseline, compared).
-GAINS = [("off", "on"), ("on", "on+local")]
+# Gain columns "gain (compared vs baseline)", when both configurations ran: (baseline, compared).
+GAINS = [("off", "on"), ("off", "on-upstream"), ("on-upstream", "on"), ("on", "on+local")]
+NOT_EXPOSED = ("n/a: not exposed without sglang_pd (upstream SGLang 0.5.23 has no decode_prefix_len in "
+               "meta_info and no /sglang_pd/stats)")
 # Shown when the run was scored against SLO targets (bench/slo.py).
 SLO_ROWS = [
     ("rejected", "rejected requests (503, retried)", "{:.0f}", None),
@@ -86,26 +115,46 @@ SLO_ROWS = [
 ]
 
 
-def _ratio(off: float, on: float, direction: str | None) -> str:
+def _ratio(off: float | None, on: float | None, direction: str | None) -> str:
     if direction is None or not off or not on:
         return ""
     value = off / on if direction == "down" else on / off
     return f"{value:.2f}x"
 
 
+def _value(result: dict, key: str):
+    """A row's value: summary fields first, then the run's sglang_pd counters (None where absent)."""
+    if key in result:
+        return result[key]
+    return (result.get("sglang_pd_counters") or {}).get(key)
+
+
+def _rows(results: dict[str, dict]) -> list:
+    rows = list(ROWS)
+    if all("sglang_kv_transfer_mb" in r for r in results.values()):
+        rows += SERVER_ROWS + PLUGIN_ROWS
+    if all("slo_attainment" in r for r in results.values()):
+        rows += SLO_ROWS
+    if any(r.get("local_requests") for r in results.values()):
+        rows += LOCAL_ROWS
+    return rows
+
+
 def format_table(results: dict[str, dict]) -> str:
-    """Markdown table, one column per configuration, plus a gain column per GAINS pair that ran."""
+    """Markdown table, one column per configuration, plus a gain column per GAINS pair that ran;
+    a figure a configuration does not expose reads n/a (footnote NOT_EXPOSED)."""
     names = list(results)
     gains = [(base, other) for base, other in GAINS if base in results and other in results]
     head = "| metric | " + " | ".join(names + [f"gain ({other} vs {base})" for base, other in gains]) + " |"
     lines = [head, "|" + "---|" * (len(names) + 1 + len(gains))]
-    rows = ROWS + (SLO_ROWS if all("slo_attainment" in r for r in results.values()) else [])
-    rows += LOCAL_ROWS if any(r.get("local_requests") for r in results.values()) else []
-    for key, label, fmt, direction in rows:
-        cells = [fmt.format(results[n].get(key, 0)) for n in names]
-        cells += [_ratio(results[base].get(key, 0), results[other].get(key, 0), direction) for base, other in gains]
+    missing = False
+    for key, label, fmt, direction in _rows(results):
+        values = {n: _value(results[n], key) for n in names}
+        missing |= any(v is None for v in values.values())
+        cells = ["n/a" if values[n] is None else fmt.format(values[n]) for n in names]
+        cells += [_ratio(values[base], values[other], direction) for base, other in gains]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + ([f"\n{NOT_EXPOSED}"] if missing else []))
 
 
 def pyplot():
@@ -125,7 +174,8 @@ def plot(results: dict[str, dict], path: str) -> None:
     for name, res in results.items():
         rounds = sorted(int(r) for r in res["per_round"])
         ax1.plot(rounds, [res["per_round"][r]["ttft_p50_s"] for r in rounds], marker="o", label=name)
-        ax2.plot(rounds, [res["per_round"][r]["hit_rate"] for r in rounds], marker="o", label=name)
+        if res["decode_hit_rate"] is not None:  # n/a without sglang_pd: no line rather than zeros
+            ax2.plot(rounds, [res["per_round"][r]["hit_rate"] for r in rounds], marker="o", label=name)
     ax1.set(title="TTFT p50 per round", xlabel="round", ylabel="seconds")
     ax2.set(title="decode hit rate per round", xlabel="round", ylabel="reused / prompt tokens", ylim=(0, 1))
     for ax in (ax1, ax2):

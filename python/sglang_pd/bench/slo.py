@@ -1,10 +1,12 @@
 """SLO side of the multi-turn benchmark: configurations to compare, SLO attainment, goodput, plots.
 
-A configuration name is `off` or `on` (decode radix cache) optionally followed by `+itl` (decode
-admission under SGLANG_PD_ITL_TARGET_MS), `+reject` (early rejection under SGLANG_PD_TTFT_TARGET_MS),
-`+shared` (decode attention sglang_pd_shared_prefix instead of torch_native) and `+local` (decode-local
-prefill under SGLANG_PD_LOCAL_PREFILL_TOKENS), e.g. `off,on,on+itl+reject,on+shared,on+local+shared`.
-A request meets the SLO when it
+A configuration name is `off` or `on` (decode radix cache, sglang_pd active) optionally followed by
+`+itl` (decode admission under SGLANG_PD_ITL_TARGET_MS), `+reject` (early rejection under
+SGLANG_PD_TTFT_TARGET_MS), `+shared` (decode attention sglang_pd_shared_prefix instead of torch_native)
+and `+local` (decode-local prefill under SGLANG_PD_LOCAL_PREFILL_TOKENS), e.g.
+`off,on,on+itl+reject,on+shared,on+local+shared`; or `on-upstream`: upstream's
+`--disaggregation-decode-enable-radix-cache` with the sglang_pd plugin not loaded (no +features: they
+are the plugin's). A request meets the SLO when it
 completed, its TTFT <= the TTFT target and its mean inter-token gap (TPOT) <= the ITL target; a
 refused request (503) never does. Goodput = requests meeting the SLO per second of the run.
 """
@@ -19,6 +21,8 @@ from sglang_pd.config import ITL_TARGET_MS as ITL_ENV, LOCAL_PREFILL_TOKENS as L
 
 _FEATURES = ("itl", "reject", "shared", "local")
 SHARED_BACKEND = "sglang_pd_shared_prefix"  # srt/hooks/attention_backend.BACKEND_NAME (a unit test ties them)
+# base name -> (decode radix cache on, sglang_pd plugin loaded)
+_BASES = {"off": (False, True), "on": (True, True), "on-upstream": (True, False)}
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,7 @@ class BenchConfig:
     name: str
     decode_radix: bool
     env: tuple[tuple[str, str], ...] = ()
+    plugin: bool = True  # False: the servers run SGLang without sglang_pd (upstream alone)
     decode_attention_backend: str = "torch_native"
 
 
@@ -47,13 +52,17 @@ class SloTargets:
 
 def parse_configs(text: str, itl_target_ms: float | None, ttft_target_ms: float | None,
                   local_prefill_tokens: int | None = None) -> list[BenchConfig]:
-    """Configurations from `off,on,on+itl,...`; raises ValueError naming what is wrong or missing."""
+    """Configurations from `off,on,on-upstream,on+itl,...`; raises ValueError naming what is wrong or missing."""
     configs = []
     for name in [n.strip() for n in text.split(",") if n.strip()]:
         base, *features = name.split("+")
-        if base not in ("off", "on") or any(f not in _FEATURES for f in features):
-            raise ValueError(f"unknown configuration {name!r}: use off|on, then optional +itl, +reject, +shared, "
-                             "+local")
+        if base not in _BASES or any(f not in _FEATURES for f in features):
+            raise ValueError(f"unknown configuration {name!r}: use off|on|on-upstream, then optional +itl, "
+                             "+reject, +shared, +local")
+        decode_radix, plugin = _BASES[base]
+        if features and not plugin:
+            raise ValueError(f"configuration {name!r}: +itl, +reject, +shared and +local are sglang_pd "
+                             f"settings; {base} runs without the plugin")
         env = []
         if "itl" in features:
             if itl_target_ms is None:
@@ -69,7 +78,8 @@ def parse_configs(text: str, itl_target_ms: float | None, ttft_target_ms: float 
                                  "--local-prefill-tokens > 0")
             env.append((LOCAL_ENV, str(local_prefill_tokens)))
         backend = SHARED_BACKEND if "shared" in features else "torch_native"
-        configs.append(BenchConfig(name, base == "on", tuple(env), backend))
+        configs.append(BenchConfig(name, decode_radix, tuple(env), plugin=plugin,
+                                   decode_attention_backend=backend))
     if not configs:
         raise ValueError("no configuration given")
     return configs

@@ -13,12 +13,16 @@ from pathlib import Path
 import requests
 
 from sglang_pd.harness.cpu_env import cpu_server_args, server_env
+from sglang_pd.harness import upstream_state
 from sglang_pd.harness.server import ServerProcess, ServerStartError, free_port
 from sglang_pd.launch_router import wait_registered
 from sglang_pd.models import DEFAULT_MODEL, ensure_model_dir, is_real_model
 from sglang_pd.config import ENABLE_FAULT_INJECTION
 
 TRANSFER_BACKENDS = ("mooncake_tcp", "nixl")
+# SGLang loads only the entry-point plugins SGLANG_PLUGINS names (when it is set); no plugin is called
+# "none", so this keeps sglang_pd from loading in every process: the servers run upstream alone.
+NO_PLUGINS_ENV = ("SGLANG_PLUGINS", "none")
 
 
 @dataclass(frozen=True)
@@ -43,6 +47,7 @@ class DeploymentConfig:
     fault_injection: bool = False  # mount POST /sglang_pd/faults (tests only)
     enable_metrics: bool = True    # SGLang's /metrics (with sglang_pd:* metrics) on every server
     env_overrides: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    plugin: bool = True            # False: sglang_pd not loaded (NO_PLUGINS_ENV); upstream SGLang alone
     decode_attention_backend: str = "torch_native"  # or sglang_pd_shared_prefix (decode servers only)
 
     def __post_init__(self):
@@ -50,6 +55,11 @@ class DeploymentConfig:
             raise ValueError(f"transfer_backend {self.transfer_backend!r} not in {TRANSFER_BACKENDS}")
         if self.page_size < 1 or self.num_decode < 1:
             raise ValueError(f"page_size ({self.page_size}) and num_decode ({self.num_decode}) must be >= 1")
+        if not self.plugin and self.fault_injection:
+            raise ValueError("fault_injection is a sglang_pd route: it needs plugin=True")
+        if not self.plugin and self.decode_attention_backend != "torch_native":
+            raise ValueError(f"decode_attention_backend {self.decode_attention_backend!r} is registered by "
+                             "sglang_pd: it needs plugin=True")
 
 
 def router_metrics_args() -> list[str]:
@@ -86,6 +96,8 @@ class PDDeployment:
         if config.fault_injection:
             self.env[ENABLE_FAULT_INJECTION] = "1"
         self.env.update(dict(config.env_overrides))
+        if not config.plugin:
+            self.env.update([NO_PLUGINS_ENV])
         self.prefill = self._server("prefill", self._prefill_args())
         self.decodes = [self._server(f"decode{i}", self._decode_args()) for i in range(config.num_decode)]
         self.plain = self._server("plain", self._plain_args()) if config.with_plain else None
@@ -137,12 +149,23 @@ class PDDeployment:
             with cf.ThreadPoolExecutor(len(self.servers)) as pool:
                 for fut in [pool.submit(s.wait_healthy, deadline) for s in self.servers]:
                     fut.result()
+            self._check_plugin_loaded()
             if self.config.with_router:
                 self.router = self._start_router(deadline)
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _check_plugin_loaded(self) -> None:
+        """Raise ServerStartError naming a server whose sglang_pd state is not the configured one
+        (GET /sglang_pd/info answers exactly when the plugin is active there)."""
+        for server in self.servers:
+            status = requests.get(server.url + "/sglang_pd/info", timeout=30).status_code
+            if (status == 200) != self.config.plugin:
+                want = "active" if self.config.plugin else "not loaded"
+                raise ServerStartError(f"{server.name}: sglang_pd should be {want} but GET /sglang_pd/info "
+                                       f"answered {status}; see {server.log_path}")
 
     def _start_router(self, deadline: float) -> ServerProcess:
         port = free_port()
@@ -279,25 +302,44 @@ class PDDeployment:
         requests.post(server.url + "/abort_request", json={"rid": rid}, timeout=30).raise_for_status()
 
     def wait_clean(self, timeout_s: float = 90.0, servers: list[ServerProcess] | None = None) -> dict[str, dict]:
-        """Wait until every PD server (or `servers`) is idle with a passing integrity check.
+        """Wait until every PD server (or `servers`) is idle and clean; returns their reports.
 
-        Also required, at once (they never go back down): no hook error, no double and no unknown lock
-        release on any server. Returns their reports; raises AssertionError naming what is not clean.
+        With sglang_pd: idle with a passing integrity check (no lock, nothing in flight, every token
+        accounted for), and, at once (they never go back down), no hook error and no double or unknown
+        lock release. Without it (config.plugin False), or on a decode server with the radix cache off
+        (no tree to check), what SGLang itself shows
+        (upstream_state.idle_report: no request in any queue, no KV token held outside the evictable
+        tree, no leak warning from SGLang's idle check); lock owners and double releases cannot be
+        checked without sglang_pd. Raises AssertionError naming what is not clean: at once for recorded
+        faults, with the last reports if time runs out.
         """
         deadline = time.monotonic() + timeout_s
         servers = servers or [self.prefill, *self.decodes]
         while True:
-            reports = {s.name: self.scheduler_state(s) for s in servers}
-            faults = {n: problems for n, r in reports.items() if (problems := _recorded_faults(r))}
+            reports = {s.name: self._clean_report(s) for s in servers}
+            faults = {n: r["faults"] for n, r in reports.items() if r["faults"]}
             if faults:
                 raise AssertionError(f"plugin faults recorded: {faults}")
-            if all((r.get("integrity") or {}).get("idle") and r["integrity"]["ok"] for r in reports.values()):
-                return reports
+            if all(r["idle"] and r["ok"] for r in reports.values()):
+                return {n: r["report"] for n, r in reports.items()}
             if time.monotonic() > deadline:
-                summary = {n: {"integrity": r.get("integrity"), "lock_ledger": r.get("lock_ledger"),
-                               "queues": r.get("queues")} for n, r in reports.items()}
+                summary = {n: r["summary"] for n, r in reports.items()}
                 raise AssertionError(f"deployment not clean after {timeout_s}s: {summary}")
             time.sleep(0.5)
+
+    def _clean_report(self, server: ServerProcess) -> dict:
+        """One server's idle/ok verdict, its report, a summary for errors and the faults sglang_pd recorded."""
+        state = self.scheduler_state(server) if self.config.plugin else None
+        faults = _recorded_faults(state) if state is not None else {}
+        if state is None or state.get("integrity") is None:
+            # No sglang_pd, or no radix tree to check (decode with the radix cache off): SGLang's view.
+            report = upstream_state.idle_report(server.url, server.log_path)
+            return {"idle": report["idle"], "ok": report["ok"], "report": report, "summary": report,
+                    "faults": faults}
+        integrity = state["integrity"]
+        return {"idle": integrity.get("idle"), "ok": integrity.get("ok"), "report": state, "faults": faults,
+                "summary": {"integrity": state.get("integrity"), "lock_ledger": state.get("lock_ledger"),
+                            "queues": state.get("queues")}}
 
     @staticmethod
     def scrape_metrics(server: ServerProcess, prefix: str = "sglang_pd:") -> dict[str, float]:

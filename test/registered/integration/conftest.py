@@ -7,6 +7,9 @@ by PID at the end of the session.
 All compare against `pd_page1`'s plain server (greedy output does not depend on page size/backend).
 """
 
+import json
+import os
+import platform
 from pathlib import Path
 
 import pytest
@@ -15,6 +18,23 @@ from sglang_pd.config import Settings
 from sglang_pd.harness import DeploymentConfig, PDDeployment
 
 LOG_ROOT = Settings.from_env().test_logs or Path("/tmp/sglang_pd-test-logs")
+# Tests that measure a README figure also write it as <name>.json into this folder when it is set
+# (README prints the command, e.g. TEST_FIGURES_DIR=docs/figures pytest ... -k ...). Not SGLANG_PD_*:
+# the servers inherit the environment, and the plugin refuses unknown names under its prefix.
+FIGURES_DIR_ENV = "TEST_FIGURES_DIR"
+
+
+def record_figures(name: str, figures: dict) -> None:
+    """Write `figures` (what the test printed) to $TEST_FIGURES_DIR/<name>.json; no-op when unset."""
+    folder = os.environ.get(FIGURES_DIR_ENV)
+    if not folder:
+        return
+    path = Path(folder) / f"{name}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    test = os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    machine = f"{platform.machine()} {os.cpu_count()} cores, {mem_gib:.0f} GiB, Python {platform.python_version()}"
+    path.write_text(json.dumps({"test": test, "machine": machine, "figures": figures}, indent=2) + "\n")
 
 # Decode gives up on a transfer that never starts after this long (default 300 s): the timeout path
 # is then testable in-session. Normal requests here finish in about a second.

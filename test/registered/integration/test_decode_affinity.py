@@ -7,7 +7,7 @@ import random
 import pytest
 import requests
 
-from conftest import LOG_ROOT
+from conftest import LOG_ROOT, record_figures
 from sglang_pd.harness import DeploymentConfig, PDDeployment
 from sglang_pd.launch_router import ROUTING_KEY_HEADER
 from sglang_pd.models import VOCAB_SIZE
@@ -73,6 +73,8 @@ def test_affinity_reaches_the_reusable_prefix_round_robin_does_not(pd_two_decode
     print(f"\nAFFINITY hits/reusable={affinity['hits']}/{affinity['reusable']}={affinity['ratio']:.3f} "
           f"per-decode requests={served}; ROUND_ROBIN hits/reusable={round_robin['hits']}/"
           f"{round_robin['reusable']}={round_robin['ratio']:.3f}")
+    record_figures("decode_affinity", {"affinity": dict(affinity, per_decode_requests=served),
+                                       "round_robin": round_robin})
     assert affinity["ratio"] >= 0.9
     assert round_robin["ratio"] < affinity["ratio"]
     # Load kept balanced: neither decode server took more than 3/4 of the affinity run.

@@ -9,7 +9,7 @@ import uuid
 import pytest
 import requests
 
-from conftest import LOG_ROOT, WAITING_TIMEOUT_S
+from conftest import LOG_ROOT, WAITING_TIMEOUT_S, record_figures
 from lock_checks import in_background
 from sglang_pd.harness import DeploymentConfig, PDDeployment
 from sglang_pd.models import VOCAB_SIZE
@@ -45,6 +45,10 @@ def test_retraction_keeps_outputs_and_stays_balanced(pd_pressure: PDDeployment, 
     print(f"\nPRESSURE retracted={state['num_retracted']} locks={state['lock_ledger']['num_locks']} "
           f"resumed={resume['num_resumed']} tokens restored: {resume['num_restored_tokens']} with re-match vs "
           f"{resume['num_backup_tokens']} without ({resume['num_reused_tokens']} taken from the tree)")
+    record_figures("pressure_resume", {"num_retracted": state["num_retracted"], "num_resumed": resume["num_resumed"],
+                                       "num_restored_tokens": resume["num_restored_tokens"],
+                                       "num_backup_tokens": resume["num_backup_tokens"],
+                                       "num_reused_tokens": resume["num_reused_tokens"]})
     assert state["num_retracted"] > 0, "the load must force decode retraction"
     assert resume["num_resumed"] > 0 and resume["pending"] == {} and state["hook_errors"] == {}
     assert resume["num_reused_tokens"] >= 48 * resume["num_resumed"]  # at least the shared prefix each
@@ -101,6 +105,10 @@ def test_burst_is_admitted_in_rounds_that_evict_once(pd_pressure: PDDeployment, 
     print(f"\nROUNDS rounds={rounds['num_rounds'] - rounds0['num_rounds']} "
           f"round evictions={rounds['num_evictions'] - rounds0['num_evictions']} "
           f"max round size={rounds['max_round_size']} tokens evicted={evicted}")
+    record_figures("pressure_rounds", {"num_rounds": rounds["num_rounds"] - rounds0["num_rounds"],
+                                       "num_round_evictions": rounds["num_evictions"] - rounds0["num_evictions"],
+                                       "max_round_size": rounds["max_round_size"], "num_evicted_tokens": evicted,
+                                       "num_burst_requests": len(prompts)})
     assert rounds["num_evictions"] > rounds0["num_evictions"] and evicted > 0
     assert rounds["num_planned"] - rounds0["num_planned"] >= len(prompts)
     for prompt, out in zip(prompts, outs):

@@ -7,7 +7,7 @@ import concurrent.futures as cf
 import pytest
 import requests
 
-from conftest import LOG_ROOT
+from conftest import LOG_ROOT, record_figures
 from sglang_pd.harness import DeploymentConfig, PDDeployment
 
 pytestmark = pytest.mark.integration
@@ -66,5 +66,7 @@ def test_multi_turn_chat_through_router(pd_smollm2: PDDeployment):
             messages.append({"role": "user", "content": follow_up})
     hits = dep.scheduler_state(dep.decodes[0])["decode_admission"]["num_prefix_hit_tokens"] - hits0
     print("\nCHAT " + " || ".join(f"user: {u} -> assistant: {a}" for u, a in transcript) + f" || decode hit tokens {hits}")
+    record_figures("smollm2_chat", {"transcript": [{"user": u, "assistant": a} for u, a in transcript],
+                                    "decode_hit_tokens_turn2": hits})
     assert hits > 0, "turn 2 reuses turn 1's conversation on decode"
     dep.wait_clean()

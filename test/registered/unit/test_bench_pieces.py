@@ -50,15 +50,16 @@ def test_workload_rejects_bad_config():
         WorkloadConfig(request_rate=-1)
 
 
-def _rec(rnd, ttft, prefix, ok=True):
+def _rec(rnd, ttft, prefix, ok=True, error=""):
     return RequestRecord(0, rnd, StreamResult(ok=ok, prompt_len=100, output_ids=[1, 2], ttft_s=ttft,
-                                              itl_s=[0.01], meta_info={"decode_prefix_len": prefix}))
+                                              itl_s=[0.01], meta_info={"decode_prefix_len": prefix}, error=error))
 
 
 def test_summary_and_side_by_side_table():
     off = summarize([_rec(0, 2.0, 0), _rec(1, 4.0, 0)], 2.0, {"pages": 200, "bytes": 800})
-    on = summarize([_rec(0, 1.0, 0), _rec(1, 1.0, 90), _rec(1, 9.0, 0, ok=False)], 2.0, {"pages": 110, "bytes": 440})
+    on = summarize([_rec(0, 1.0, 0), _rec(1, 1.0, 90), _rec(1, 9.0, 0, ok=False, error="decode HTTP 500: TCP lane queue-full")], 2.0, {"pages": 110, "bytes": 440})
     assert (off["ttft_p50_s"], on["ttft_p50_s"], on["failed"]) == (3.0, 1.0, 1)
+    assert off["errors"] == [] and on["errors"] == ["decode HTTP 500: TCP lane queue-full"]
     assert on["decode_hit_rate"] == pytest.approx(90 / 200) and on["per_round"][2]["hit_rate"] == 0.9
     table = format_table({"off": off, "on": on})
     assert "| TTFT p50 (s) | 3.000 | 1.000 | 3.00x |" in table

@@ -1,0 +1,75 @@
+"""Figures read from the servers around a benchmark run, as deltas over the run.
+
+Two sources, kept apart so a figure is never filled from the other one:
+- SGLang's own Prometheus metrics (`sglang:*` on /metrics): there with or without sglang_pd, so these
+  compare a plugin-less deployment (`on-upstream`) with ours.
+- sglang_pd's counters (`/sglang_pd/stats`): only where the plugin is active; None elsewhere.
+"""
+
+from __future__ import annotations
+
+import requests
+
+from sglang_pd.harness import PDDeployment
+from sglang_pd.harness.upstream_state import metric_totals
+
+# summary key -> (server role, SGLang metric)
+UPSTREAM = {
+    "sglang_kv_transfer_mb": ("prefill", "sglang:kv_transfer_total_mb_sum"),
+    "sglang_kv_transfers": ("prefill", "sglang:kv_transfer_total_mb_count"),
+    "sglang_transfer_failed": ("prefill", "sglang:num_transfer_failed_reqs_total"),
+    "sglang_retracted_requests": ("decode", "sglang:num_retracted_requests_total"),
+    "sglang_eviction_passes": ("decode", "sglang:eviction_duration_seconds_count"),
+    "sglang_evicted_tokens": ("decode", "sglang:evicted_tokens_total"),
+}
+# sglang_pd decode counters (PDCounters names) reported per run
+PLUGIN_DECODE = ("decode_retractions_total", "resume_requests_total", "resume_backup_tokens_total",
+                 "resume_restored_tokens_total", "admission_rounds_total", "admission_round_evictions_total",
+                 "evicted_tokens_total")
+
+
+def plugin_active(url: str) -> bool:
+    """True when the server runs sglang_pd (it answers GET /sglang_pd/info)."""
+    return requests.get(url + "/sglang_pd/info", timeout=30).status_code == 200
+
+
+def _counters(url: str) -> dict:
+    return PDDeployment.get_json(url, "/sglang_pd/stats")["schedulers"][0]["counters"]
+
+
+class ServerFigures:
+    """Snapshots of one PD pair's figures; `delta()` gives what a run added."""
+
+    def __init__(self, prefill_url: str, decode_url: str):
+        self.urls = {"prefill": prefill_url, "decode": decode_url}
+        self.plugin = plugin_active(prefill_url)
+
+    def snapshot(self) -> dict:
+        """Current values: SGLang's metrics, and sglang_pd's counters when the plugin is active."""
+        by_role = {role: metric_totals(url, tuple(m for r, m in UPSTREAM.values() if r == role))
+                   for role, url in self.urls.items()}
+        snap = {"upstream": {key: by_role[role][metric] for key, (role, metric) in UPSTREAM.items()}}
+        if self.plugin:
+            prefill, decode = _counters(self.urls["prefill"]), _counters(self.urls["decode"])
+            snap["transfer"] = {"pages": prefill["kv_pages_transferred_total"],
+                                "bytes": prefill["kv_bytes_transferred_total"],
+                                "computed_tokens": prefill["prefill_computed_tokens_total"],
+                                "declined": prefill["prefill_declined_requests_total"],
+                                "declined_computed_tokens": prefill["prefill_declined_computed_tokens_total"]}
+            snap["plugin"] = {name: decode[name] for name in PLUGIN_DECODE}
+        return snap
+
+    def delta(self, before: dict, after: dict) -> dict:
+        """Summary fields for the run between two snapshots (sglang_pd's are None without the plugin)."""
+        fields = {key: after["upstream"][key] - before["upstream"][key] for key in UPSTREAM}
+        fields["sglang_pd_counters"] = ({k: after["plugin"][k] - before["plugin"][k] for k in PLUGIN_DECODE}
+                                        if self.plugin else None)
+        return fields
+
+    def transfer(self, before: dict, after: dict) -> dict | None:
+        """Prefill's counters over the run (sglang_pd's record): KV pages and bytes handed to the transport,
+        prompt tokens its model computed, halves decode declined and the tokens computed for them; None
+        without the plugin."""
+        if not self.plugin:
+            return None
+        return {k: after["transfer"][k] - before["transfer"][k] for k in after["transfer"]}
