@@ -3,8 +3,8 @@
 Why: SGLang's `TorchNativeAttnBackend._run_sdpa_forward_extend` builds, per request, a query of the
 whole sequence (prefix rows left uninitialised) and runs a causal SDPA of seq_len x seq_len, then
 keeps the last extend_len rows. For a local extend (16-64 new tokens after a 400+ token prefix) that
-is O(seq_len^2) work for O(extend_len * seq_len) worth of rows: measured here 34.6 ms against 7.4 ms
-per layer call for 8 requests of 20 new tokens after 430 (single thread). On decode that time sits
+is O(seq_len^2) work for O(extend_len * seq_len) worth of rows: 32.9 ms against 5.8 ms per layer call
+for 8 requests of 16 new tokens after 430, one thread (docs/local_prefill/extend_attention_micro.json). On decode that time sits
 in front of the first token and holds back every decoding request; so decode's local extends use
 `offset_causal_extend` (srt/hooks/attention_backend.py; prefill keeps upstream's path).
 
