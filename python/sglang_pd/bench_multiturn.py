@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from sglang_pd.bench.multiturn_workload import WorkloadConfig, run_workload, system_prompt
 from sglang_pd.bench.pd_client import pd_stream
-from sglang_pd.bench.report import format_table, plot, plot_summary, summarize
+from sglang_pd.bench.report import format_table, local_breakdown, plot, plot_summary, summarize
 from sglang_pd.bench.server_figures import ServerFigures
 from sglang_pd.bench.slo import BenchConfig, SloTargets, parse_configs, plot_pareto, plot_slo, slo_figures
 from sglang_pd.bench.start_failure import StartFailure
@@ -134,6 +134,8 @@ def measure(prefill_url, decode_url, bootstrap_port, cfg: WorkloadConfig, label:
                     if figures.plugin else {})
     summary["decode_slo"] = decode_state.get("slo")
     summary["decode_shared_attention"] = decode_state.get("shared_attention")
+    ttft_by_rid = {f"pd-{r.result.room}": r.result.ttft_s for r in records if r.result.ok}  # pd_client's rid
+    summary["decode_local_prefill"] = local_breakdown(decode_state.get("local_prefill"), ttft_by_rid)
     return summary, outputs
 
 

@@ -55,6 +55,8 @@ def summarize(records: list[RequestRecord], duration_s: float, transfer: dict | 
         **_prefill_figures(transfer),
         "local_requests": len(local),
         "local_prefill_tokens": sum(int(r.meta_info.get("decode_local_prefill_tokens", 0) or 0) for r in local),
+        "ttft_p50_local_s": percentile([r.ttft_s for r in local], 50),
+        "ttft_p50_pd_s": percentile([r.ttft_s for r in ok if r.meta_info.get("decode_prefill_path") != "decode_local"], 50),
         "duration_s": duration_s, "per_round": per_round,
         "errors": sorted({r.result.error for r in records if not r.result.ok and not r.result.rejected})[:5],
     }
@@ -66,6 +68,26 @@ def _prefill_figures(transfer: dict | None) -> dict:
             "prefill_computed_tokens": "computed_tokens", "prefill_declined": "declined",
             "prefill_declined_computed_tokens": "declined_computed_tokens"}
     return {field: None if transfer is None else transfer.get(key, 0) for field, key in keys.items()}
+
+
+def local_breakdown(snapshot: dict | None, ttft_by_rid: dict[str, float]) -> dict | None:
+    """Where the TTFT of requests served decode-locally goes, p50/p90 in ms, from decode's per-request
+    records: receipt by the scheduler -> decided local (`admitted_ms`: handshake, match, lock,
+    preallocation), decided -> extend planned (`queued_ms`), extend planned -> joined the running batch
+    (`extend_to_join_ms`: the extend forward and its result; the first token is streamed inside it).
+    `outside_scheduler_ms` = client TTFT minus the three (HTTP, tokenizer, detokenizer, client; slightly
+    low, as the join comes a little after the first token is streamed). None when the run had no threshold."""
+    if not snapshot or not snapshot.get("threshold"):
+        return None
+    records = {rid: r for rid, r in snapshot["requests"].items() if r["state"] == "joined"}
+    stages = ("admitted_ms", "queued_ms", "extend_to_join_ms")
+    values = {key: [r[key] for r in records.values() if r.get(key) is not None] for key in stages}
+    values["outside_scheduler_ms"] = [1000 * ttft_by_rid[rid] - sum(r[k] for k in stages)
+                                      for rid, r in records.items()
+                                      if rid in ttft_by_rid and all(r.get(k) is not None for k in stages)]
+    out = {"num_joined": len(records)}
+    out.update({key: {"p50": percentile(v, 50), "p90": percentile(v, 90)} for key, v in values.items()})
+    return out
 
 
 # (key, label, format, ratio direction: "down" = OFF/ON is the gain, "up" = ON/OFF is the gain)

@@ -84,9 +84,11 @@ def test_local_and_remote_requests_in_one_batch_equal_a_plain_server(pd_local: P
     remote_prompts = [[2] + _tokens(200 + i, 40) for i in range(3)]
     prompts = local_prompts + remote_prompts
     before_local, before_prefill = _local(dep), _prefill(dep)
-    with cf.ThreadPoolExecutor(len(prompts)) as pool:  # all at once: they decode side by side
-        results = list(pool.map(lambda p: dep.generate_pd(p, 48), prompts))
-    plain = [dep.generate(dep.plain.url, p, 48)["output_ids"] for p in prompts]
+    # All at once, and long enough that they decode side by side: a local request's first token comes
+    # well before a remote one's (no prefill hop), so 48 new tokens could finish before the remote join.
+    with cf.ThreadPoolExecutor(len(prompts)) as pool:
+        results = list(pool.map(lambda p: dep.generate_pd(p, 128), prompts))
+    plain = [dep.generate(dep.plain.url, p, 128)["output_ids"] for p in prompts]
     assert [decoded["output_ids"] for _, decoded, _ in results] == plain
     paths = [decoded["meta_info"]["decode_prefill_path"] for _, decoded, _ in results]
     assert paths == ["decode_local"] * 3 + ["prefill"] * 3

@@ -87,6 +87,7 @@ class LocalRecord:
     state: LocalState = LocalState.QUEUED
     not_before_s: float = 0.0                 # test faults may hold a request back until then
     abort_seen: dict | None = None            # state (and lock state) an abort found it in
+    admitted_ms: float | None = None          # scheduler receipt -> decided local (bootstrap, admission)
     queued_at_s: float = 0.0                  # clock times: decided local, extend planned, joined
     extend_at_s: float | None = None
     joined_at_s: float | None = None
@@ -149,13 +150,15 @@ class LocalPrefill:
         """A request decided local goes to prefill after all (e.g. the decline could not be sent)."""
         self.counters.add(f"local_prefill_fallback_{reason.value}_total")
 
-    def enqueue(self, req: Any, decode_prefix_len: int, num_uncached: int, not_before_s: float = 0.0) -> LocalRecord:
-        """`req` (admitted, locked, preallocated; prefill declined) waits for its extend (QUEUED)."""
+    def enqueue(self, req: Any, decode_prefix_len: int, num_uncached: int, not_before_s: float = 0.0,
+                admitted_ms: float | None = None) -> LocalRecord:
+        """`req` (admitted, locked, preallocated; prefill declined) waits for its extend (QUEUED).
+        `admitted_ms`: how long it took from the scheduler's receipt to this decision (for the stats)."""
         rid = str(req.rid)
         if rid in self._records and self._records[rid].state in (LocalState.QUEUED, LocalState.EXTENDING):
             raise LocalTransitionError(f"{rid} is already a local request in state {self._records[rid].state.value}")
         record = LocalRecord(rid, decode_prefix_len, num_uncached, not_before_s=not_before_s, req=req,
-                             queued_at_s=self._clock())
+                             admitted_ms=admitted_ms, queued_at_s=self._clock())
         self._records.pop(rid, None)
         self._records[rid] = record
         self._queue.append(record)
@@ -297,6 +300,7 @@ class LocalPrefill:
             "num_queued": len(self._queue), "num_extending": len(self._extending),
             "requests": {r.rid: {"state": r.state.value, "decode_prefix_len": r.decode_prefix_len,
                                  "num_uncached": r.num_uncached, "abort_seen": r.abort_seen,
+                                 "admitted_ms": r.admitted_ms,
                                  "queued_ms": _ms(r.queued_at_s, r.extend_at_s),
                                  "extend_to_join_ms": _ms(r.extend_at_s, r.joined_at_s)} for r in recent},
         }

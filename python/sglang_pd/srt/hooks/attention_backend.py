@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
+from sglang_pd.srt.disaggregation.local_extend_attention import offset_causal_extend
 from sglang_pd.srt.disaggregation.prefix_groups import find_prefix_groups
 from sglang_pd.srt.disaggregation.shared_attention_stats import FallbackReason, SharedAttentionStats
 from sglang_pd.srt.disaggregation.shared_prefix_attention import (DEFAULT_MIN_FILL, DecodePlan, KVWorkspace,
@@ -162,3 +163,22 @@ class SharedPrefixAttnBackend(AttentionBackend):
     def support_triton(self):
         """No triton kernels (CPU torch)."""
         return False
+
+
+# ---- decode-local prefill: the local extend's attention -------------------------------------------
+def around_run_sdpa_forward_extend(original, backend, query, output, k_cache, v_cache, req_to_token,
+                                   req_pool_indices, seq_lens, extend_prefix_lens, extend_seq_lens,
+                                   encoder_lens=None, scaling=None, enable_gqa=False, causal=False,
+                                   is_cross_attn=False, sliding_window_size=None):
+    """On a decode scheduler with decode-local prefill, causal extends (only local extends run there)
+    attend with only their own queries (local_extend_attention.py); everything else, and prefill, as
+    upstream."""
+    state = current()
+    plain_causal = causal and encoder_lens is None and not is_cross_attn and (
+        sliding_window_size is None or sliding_window_size <= -1)
+    if not (plain_causal and state.local_prefill.enabled and state.counters.role == "decode"):
+        return original(backend, query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+                        extend_prefix_lens, extend_seq_lens, encoder_lens, scaling=scaling, enable_gqa=enable_gqa,
+                        causal=causal, is_cross_attn=is_cross_attn, sliding_window_size=sliding_window_size)
+    return offset_causal_extend(query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+                                extend_prefix_lens, extend_seq_lens, scaling=scaling, enable_gqa=enable_gqa)

@@ -293,7 +293,9 @@ def _enqueue_local(decode_req, prefix_len: int, decision: LocalDecision) -> None
     decode_req.kv_receiver.clear()  # abort-notified by the decline: clearing sends nothing more
     decode_req.kv_receiver = None
     hold = _FAULT_HOLD_S if state.faults.take(Fault.LOCAL_QUEUE_HOLD, int(req.bootstrap_room)) else 0.0
-    state.local_prefill.enqueue(req, prefix_len, decision.num_uncached, not_before_s=time.monotonic() + hold)
+    admitted_ms = 1000 * (time.perf_counter() - req.time_stats.scheduler_recv_time)  # same clock as SGLang's
+    state.local_prefill.enqueue(req, prefix_len, decision.num_uncached, not_before_s=time.monotonic() + hold,
+                                admitted_ms=round(admitted_ms, 3))
     attach_request_fields(req, prefix_len, 0, 0, path=PATH_DECODE_LOCAL, num_local_tokens=decision.num_uncached)
 
 

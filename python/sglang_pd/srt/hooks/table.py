@@ -192,6 +192,11 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         "sglang.srt.managers.scheduler.Scheduler.abort_request", "AFTER", scheduler.after_abort_request,
         ProcessKind.SCHEDULER, "client aborts reach requests queued for a local extend (answered, released)"),
     HookSpec(
+        "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend._run_sdpa_forward_extend", "AROUND",
+        attention_backend.around_run_sdpa_forward_extend, ProcessKind.SCHEDULER,
+        "decode: a local extend attends with only its new tokens' queries (upstream runs a full-length causal "
+        "query per request: O(seq_len^2) for a few new tokens, in front of the first token and every decode)"),
+    HookSpec(
         f"{_DISAGG}.prefill.PrefillBootstrapQueue.add", "AFTER", prefill.after_add, ProcessKind.SCHEDULER,
         "prefill: a room decode declined before this half arrived fails at once (else a 300 s bootstrap wait)"),
     HookSpec(

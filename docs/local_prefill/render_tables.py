@@ -1,0 +1,60 @@
+"""Markdown tables of docs/local_prefill/README.md, read from the stored JSONs (no figure typed by hand).
+
+    .venv/bin/python docs/local_prefill/render_tables.py [JSON ...]
+"""
+
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+COLUMNS = ("TTFT p50 (s)", "TTFT p90 (s)", "ITL p50 (ms)", "req/s", "served locally", "prefill tokens computed",
+           "prefill tokens computed for declined", "KV pages moved", "identical to off")
+
+
+def row(name: str, r: dict, identical: dict) -> str:
+    same = "ref" if name == identical["reference"] else f"{identical['counts'].get(name, 0)}/{identical['num_outputs']}"
+    return (f"| {name} | {r['ttft_p50_s']:.3f} | {r['ttft_p90_s']:.3f} | {r['itl_p50_ms']:.1f} | "
+            f"{r['request_throughput']:.2f} | {r['local_requests']}/{r['requests']} | {r['prefill_computed_tokens']:.0f} | "
+            f"{r['prefill_declined_computed_tokens']:.0f} | {r['kv_pages_transferred']:.0f} | {same} |")
+
+
+def main_table(report: dict) -> str:
+    lines = ["| config | " + " | ".join(COLUMNS) + " |", "|---" * (len(COLUMNS) + 1) + "|"]
+    lines += [row(name, r, report["identical_outputs"]) for name, r in report["results"].items()]
+    return "\n".join(lines)
+
+
+def breakdown_table(report: dict) -> str:
+    lines = ["| config | TTFT p50 local / PD (ms) | receipt -> decided local | queued | extend -> joined "
+             "| outside the scheduler |", "|---|---|---|---|---|---|"]
+    for name, r in report["results"].items():
+        b = r.get("decode_local_prefill")
+        if not b:
+            continue
+        cell = lambda k: f"{b[k]['p50']:.1f} / {b[k]['p90']:.1f}" if k in b else "not recorded"  # noqa: E731
+        ms = lambda s: f"{1000 * s:.1f}" if s else "-"  # noqa: E731
+        lines.append(f"| {name} | {ms(r['ttft_p50_local_s'])} / {ms(r['ttft_p50_pd_s'])} | "
+                     f"{cell('admitted_ms')} | {cell('queued_ms')} | {cell('extend_to_join_ms')} | "
+                     f"{cell('outside_scheduler_ms')} |")
+    return "\n".join(lines)
+
+
+def sweep_table(report: dict) -> str:
+    lines = ["| threshold | TTFT p50 (s) | TTFT p90 (s) | ITL p50 (ms) | req/s | served locally | prefill tokens "
+             "computed | KV pages moved |", "|---|---|---|---|---|---|---|---|"]
+    for threshold, r in sorted(report["local_sweep"].items(), key=lambda kv: int(kv[0])):
+        lines.append(f"| {threshold} | {r['ttft_p50_s']:.3f} | {r['ttft_p90_s']:.3f} | {r['itl_p50_ms']:.1f} | "
+                     f"{r['request_throughput']:.2f} | {r['local_requests']}/{r['requests']} | "
+                     f"{r['prefill_computed_tokens']:.0f} | {r['kv_pages_transferred']:.0f} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    for path in sys.argv[1:] or [HERE / "bench_multiturn_short.json", HERE / "bench_multiturn_capacity.json",
+                                 HERE / "sweep" / "bench_multiturn_short.json"]:
+        report = json.loads(Path(path).read_text())
+        print(f"\n## {path}\n")
+        print(sweep_table(report) if report["local_sweep"] else main_table(report))
+        if not report["local_sweep"] and any(r.get("decode_local_prefill") for r in report["results"].values()):
+            print("\n" + breakdown_table(report))

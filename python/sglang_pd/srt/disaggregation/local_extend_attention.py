@@ -1,0 +1,55 @@
+"""Extend attention for decode-local prefill on CPU: only the extend's own queries, against prefix + extend.
+
+Why: SGLang's `TorchNativeAttnBackend._run_sdpa_forward_extend` builds, per request, a query of the
+whole sequence (prefix rows left uninitialised) and runs a causal SDPA of seq_len x seq_len, then
+keeps the last extend_len rows. For a local extend (16-64 new tokens after a 400+ token prefix) that
+is O(seq_len^2) work for O(extend_len * seq_len) worth of rows: 32.9 ms against 5.8 ms per layer call
+for 8 requests of 16 new tokens after 430, one thread (docs/local_prefill/extend_attention_micro.json). On decode that time sits
+in front of the first token and holds back every decoding request; so decode's local extends use
+`offset_causal_extend` (srt/hooks/attention_backend.py; prefill keeps upstream's path).
+
+Same result as upstream's path for causal self-attention without sliding window or encoder tokens
+(the caller leaves the others to upstream): query i of a request attends to keys 0 .. prefix_len + i.
+Pure torch, no SGLang import.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch.nn.functional import scaled_dot_product_attention
+
+
+def offset_causal_mask(num_queries: int, seq_len: int, device) -> torch.Tensor:
+    """[num_queries, seq_len] bool, True where query i (at position seq_len - num_queries + i) may look."""
+    return torch.ones(num_queries, seq_len, dtype=torch.bool, device=device).tril(diagonal=seq_len - num_queries)
+
+
+def offset_causal_extend(query: torch.Tensor, output: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                         extend_prefix_lens: torch.Tensor, extend_seq_lens: torch.Tensor,
+                         scaling: float | None = None, enable_gqa: bool = False) -> torch.Tensor:
+    """Causal extend attention of each request's new tokens; writes `output` (mutates it) and returns it.
+
+    query / output: [num_tokens, q heads, head_dim], requests one after another (extend_seq_lens);
+    k_cache / v_cache: [pool slots, kv heads, head_dim]; req_to_token[req_pool_indices[i], :seq_lens[i]]
+    are request i's slots, its new tokens' K/V already stored. Raises ValueError when a request's
+    prefix + extend lengths do not add up to its sequence length.
+    """
+    start_q = 0
+    for idx in range(seq_lens.shape[0]):
+        num_q, seq_len = int(extend_seq_lens[idx]), int(seq_lens[idx])
+        if int(extend_prefix_lens[idx]) + num_q != seq_len:
+            raise ValueError(f"request {idx}: prefix {int(extend_prefix_lens[idx])} + extend {num_q} != {seq_len}")
+        if num_q == 0:
+            continue
+        slots = req_to_token[req_pool_indices[idx], :seq_len]
+        q = query[start_q:start_q + num_q].movedim(0, 1).unsqueeze(0)  # [1, heads, num_q, dim]
+        k = k_cache[slots].movedim(0, 1).unsqueeze(0)
+        v = v_cache[slots].movedim(0, 1).unsqueeze(0)
+        if not (q.dtype == k.dtype == v.dtype):  # as upstream: SDPA wants one dtype
+            k, v = k.to(q.dtype), v.to(q.dtype)
+        out = scaled_dot_product_attention(q, k, v, attn_mask=offset_causal_mask(num_q, seq_len, q.device),
+                                           scale=scaling, enable_gqa=enable_gqa)
+        output[start_q:start_q + num_q] = out.squeeze(0).movedim(0, 1)
+        start_q += num_q
+    return output
