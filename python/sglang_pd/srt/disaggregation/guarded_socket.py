@@ -1,0 +1,107 @@
+"""ZMQ sockets that check what they receive and sign what they send (shadows of SGLang's own sockets).
+
+`GuardedSocket` shadows a bound PULL socket (same libzmq socket, so pollers and close() behave as on
+the original): `recv_multipart` hands its caller only messages the `HandshakeGate` admitted, with
+the auth trailer removed, and drops the rest without returning. While idle it wakes every
+`housekeeping_s` so the gate can expire unclaimed rooms. A bug in the gate drops that one message
+(counted, logged once) instead of ending the reading thread.
+
+`SigningSocket` shadows a PUSH socket: `send_multipart` appends the `PeerAuth` trailer.
+
+Neither owns the libzmq socket: the SGLang object it shadows does (kept referenced here).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from typing import Callable
+
+import zmq
+
+from sglang_pd.srt.disaggregation.handshake_gate import HandshakeGate
+from sglang_pd.srt.disaggregation.peer_auth import PeerAuth
+
+logger = logging.getLogger(__name__)
+
+
+class GuardedSocket(zmq.Socket):
+    """A PULL socket whose recv_multipart returns admitted messages only. Used by one reading thread."""
+
+    # Class-level names: pyzmq treats unknown instance attributes as socket options.
+    gate: HandshakeGate = None
+    on_error: Callable[[], None] = None
+    reader: threading.Thread | None = None
+    _raw: zmq.Socket = None
+    _housekeeping_s: float = 1.0
+    _next_housekeeping: float = 0.0
+    _errors_logged: int = 0
+
+    @classmethod
+    def around(cls, raw: zmq.Socket, gate: HandshakeGate, on_error: Callable[[], None],
+               housekeeping_s: float = 1.0) -> "GuardedSocket":
+        """Shadow `raw` (which keeps owning the libzmq socket) behind `gate`."""
+        sock = cls.shadow(raw.underlying)
+        sock._raw, sock.gate, sock.on_error, sock._housekeeping_s = raw, gate, on_error, housekeeping_s
+        return sock
+
+    def recv_multipart(self, flags: int = 0, copy: bool = True, track: bool = False):
+        """Next admitted message (list of bytes); zmq.Again with NOBLOCK when none is ready."""
+        if self.reader is None:
+            self.reader = threading.current_thread()
+        while True:
+            if not flags & zmq.NOBLOCK and not self.poll(int(self._housekeeping_s * 1000), zmq.POLLIN):
+                self._housekeeping()
+                continue
+            frames = super().recv_multipart(flags, copy=False)
+            admitted = self._admit(frames)
+            if time.monotonic() >= self._next_housekeeping:
+                self._housekeeping()
+            if admitted is not None:
+                return admitted
+            if flags & zmq.NOBLOCK:
+                raise zmq.Again()
+
+    def _admit(self, frames) -> list[bytes] | None:
+        try:
+            peer = frames[0].get("Peer-Address") or "unknown"
+        except zmq.ZMQError:
+            peer = "unknown"
+        try:
+            return self.gate.admit([f.bytes for f in frames], peer)
+        except Exception:
+            self._gate_error("admitting a message")
+            return None
+
+    def _housekeeping(self) -> None:
+        self._next_housekeeping = time.monotonic() + self._housekeeping_s
+        try:
+            self.gate.housekeeping()
+        except Exception:
+            self._gate_error("housekeeping")
+
+    def _gate_error(self, doing: str) -> None:
+        self.on_error()
+        if self._errors_logged < 3:
+            self._errors_logged += 1
+            logger.exception("sglang_pd: handshake gate failed while %s; the message was dropped", doing)
+
+
+class SigningSocket(zmq.Socket):
+    """A PUSH socket whose send_multipart appends this deployment's auth trailer."""
+
+    auth: PeerAuth = None
+    _raw: zmq.Socket = None
+
+    @classmethod
+    def around(cls, raw: zmq.Socket, auth: PeerAuth) -> "SigningSocket":
+        """Shadow `raw` (which keeps owning the libzmq socket); sign with `auth`."""
+        sock = cls.shadow(raw.underlying)
+        sock._raw, sock.auth = raw, auth
+        return sock
+
+    def send_multipart(self, msg_parts, flags: int = 0, copy: bool = True, track: bool = False, **kwargs):
+        """Send `msg_parts` followed by their auth trailer."""
+        parts = [bytes(p) for p in msg_parts]
+        return super().send_multipart(parts + self.auth.sign_frames(parts), flags, copy, track, **kwargs)
