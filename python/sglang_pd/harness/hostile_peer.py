@@ -62,9 +62,9 @@ class Templates:
 
     def transfer_info(self, room: int, kv_indices, aux_index: int = 0, required: int = 1,
                       decode_prefix_len: int = 0) -> list[bytes]:
-        """A room's destination pages (what decode sends once it has allocated them)."""
+        """A room's destination pages (what decode sends once it has allocated them); bytes are sent as given."""
         p = self.peer
-        indices = np.asarray(kv_indices, dtype=np.int32).tobytes()
+        indices = kv_indices if isinstance(kv_indices, bytes) else np.asarray(kv_indices, dtype=np.int32).tobytes()
         head = [_ascii(room), _ascii(p.ip), _ascii(p.port), _ascii(p.name), indices, _ascii(aux_index)]
         if self.backend == "mooncake":
             return head + [b"", _ascii(required), _ascii(decode_prefix_len), b""]
@@ -75,10 +75,10 @@ class Templates:
         """Decode telling prefill a room is abandoned."""
         return [b"ABORT", _ascii(room)] + ([_ascii(ip), _ascii(port)] if ip is not None else [])
 
-    @staticmethod
-    def status(room: int, value: int, prefill_rank: int = 0) -> list[bytes]:
-        """Prefill telling decode a room's transfer ended (4 = Success, 0 = Failed)."""
-        return [_ascii(room), _ascii(value), _ascii(prefill_rank)]
+    def status(self, room: int, value: int, prefill_rank: int = 0, reason: bytes = b"") -> list[bytes]:
+        """Prefill telling decode a room's transfer ended (4 = Success, 0 = Failed); NIXL tags it."""
+        frames = [_ascii(room), _ascii(value), _ascii(prefill_rank)]
+        return frames if self.backend == "mooncake" else [b"KV_STATUS", *frames, reason]
 
     @staticmethod
     def abort_ack(room: int) -> list[bytes]:
@@ -163,3 +163,45 @@ class PeerSocket:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+# ---- reading a deployment's guard state (tests) -------------------------------------------------------------
+def handshake_view(dep, server) -> dict:
+    """The `handshake` section of a server's first scheduler (/sglang_pd/stats): gate, threads, rooms, pool."""
+    return dep.scheduler_state(server)["handshake"]
+
+
+def rank_endpoint(dep, server) -> str:
+    """tcp://ip:port of a server's rank socket (prefill: where decode writes; decode: where prefill writes)."""
+    return handshake_view(dep, server)["endpoint"]
+
+
+def wait_received(dep, server, at_least: int, timeout_s: float = 60.0) -> dict:
+    """Poll until the server's gate has received `at_least` messages in total; returns its handshake view."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        view = handshake_view(dep, server)
+        if view["gate"]["num_received"] >= at_least:
+            return view
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{server.name} gate received {view['gate']['num_received']} < {at_least} "
+                                 f"messages in {timeout_s:.0f} s: {view['gate']}")
+        time.sleep(0.2)
+
+
+def assert_threads_alive(view: dict, side: str) -> None:
+    """The PD threads of a server were found and none is dead (raises AssertionError naming them)."""
+    threads = view["threads"]
+    roles = threads["by_role"]
+    wanted = {"bootstrap", "transfer_worker"} if side == "prefill" else {"status_listener", "heartbeat"}
+    assert threads["discovered"] and wanted <= set(roles), threads
+    assert threads["dead"] == {} and len(threads["alive"]) == sum(roles.values()), threads
+
+
+def captured_frames(view: dict) -> dict[str, list[bytes]]:
+    """Real messages a fault-injection server admitted last, per kind, trailer included (for replays)."""
+    import base64
+
+    return {kind: [base64.b64decode(f) for f in frames] for kind, frames in (view["gate"].get("captured") or {}).items()}

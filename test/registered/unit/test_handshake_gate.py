@@ -54,6 +54,9 @@ class Host:
     def drop_unclaimed(self, room):
         return self.transfer_infos.pop(room, None) is not None
 
+    def prune(self):
+        pass
+
 
 def gate(host, auth=None, side=Side.PREFILL, clock=None, **kw):
     clock = clock or Clock()

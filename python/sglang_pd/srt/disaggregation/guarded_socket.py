@@ -32,6 +32,7 @@ class GuardedSocket(zmq.Socket):
     # Class-level names: pyzmq treats unknown instance attributes as socket options.
     gate: HandshakeGate = None
     on_error: Callable[[], None] = None
+    before_admit: Callable[[], None] = None   # test-only fault point; may raise (ends the reading thread)
     reader: threading.Thread | None = None
     _raw: zmq.Socket = None
     _housekeeping_s: float = 1.0
@@ -40,10 +41,11 @@ class GuardedSocket(zmq.Socket):
 
     @classmethod
     def around(cls, raw: zmq.Socket, gate: HandshakeGate, on_error: Callable[[], None],
-               housekeeping_s: float = 1.0) -> "GuardedSocket":
+               housekeeping_s: float = 1.0, before_admit: Callable[[], None] = lambda: None) -> "GuardedSocket":
         """Shadow `raw` (which keeps owning the libzmq socket) behind `gate`."""
         sock = cls.shadow(raw.underlying)
         sock._raw, sock.gate, sock.on_error, sock._housekeeping_s = raw, gate, on_error, housekeeping_s
+        sock.before_admit = before_admit
         return sock
 
     def recv_multipart(self, flags: int = 0, copy: bool = True, track: bool = False):
@@ -55,6 +57,7 @@ class GuardedSocket(zmq.Socket):
                 self._housekeeping()
                 continue
             frames = super().recv_multipart(flags, copy=False)
+            self.before_admit()
             admitted = self._admit(frames)
             if time.monotonic() >= self._next_housekeeping:
                 self._housekeeping()

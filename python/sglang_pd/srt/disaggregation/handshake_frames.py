@@ -28,7 +28,7 @@ Who sends what (frame index after the NIXL guard frame where there is one):
     transfer info [room, ip, port, agent name, kv page indices, aux index, required_dst_info_num,
                    state indices, decode_prefix_len, is_dummy]
   decode rank socket (prefill -> decode):
-    status     [room, KVPoll value, prefill rank]                (transfer done or failed)
+    status     mooncake [room, KVPoll value, prefill rank]; NIXL [b"KV_STATUS", room, value, rank, reason]
     ABORT_ACK  [b"ABORT_ACK", room, (prefill rank, (generation))]
     AUX_DATA   [b"AUX_DATA", room, buffer index, aux index, u32 length, data]   (mooncake)
     CHUNK_READY / STAGING_REQ                                    (staging buffer only)
@@ -51,6 +51,8 @@ MAX_DST_INFOS = 1024      # required_dst_info_num: decode ranks one prefill rank
 MAX_STATE_LISTS = 64
 MAX_POINTERS = 1 << 16    # per pointer frame (layers x K/V x draft)
 KV_POLL_VALUES = (b"0", b"1", b"2", b"3", b"4")  # Failed .. Success
+NIXL_STATUS_TAG = b"KV_STATUS"
+MAX_REASON_BYTES = 4096
 
 
 class Side(str, enum.Enum):
@@ -120,12 +122,12 @@ def check_message(msg: list[bytes], limits: FrameLimits) -> Verdict:
         return Verdict(MessageKind.UNKNOWN, "empty message")
     if len(msg) > MAX_FRAMES:
         return Verdict(MessageKind.UNKNOWN, f"{len(msg)} frames, more than any PD message has ({MAX_FRAMES})")
-    long = max(range(len(msg)), key=lambda i: len(msg[i]))
-    if len(msg[long]) > limits.max_frame_bytes:
-        return Verdict(MessageKind.UNKNOWN, f"frame {long} has {len(msg[long])} bytes, more than the "
-                                            f"{limits.max_frame_bytes} any field of this pool needs")
     schema, kind, body = _route(msg, limits)
     reader = _Reader(kind)
+    long = max(range(len(msg)), key=lambda i: len(msg[i]))
+    if len(msg[long]) > limits.max_frame_bytes:
+        return reader.verdict(f"{kind.value}: frame {long} has {len(msg[long])} bytes, more than the "
+                              f"{limits.max_frame_bytes} any field of this pool needs")
     if schema is None:
         return reader.verdict(body)  # body carries the reason when no schema applies
     try:
@@ -165,6 +167,10 @@ def _route(msg: list[bytes], limits: FrameLimits):
         return _aux_data, MessageKind.AUX_DATA, msg
     if head in (b"CHUNK_READY", b"STAGING_REQ"):
         return _staging(head, limits)
+    if limits.backend == "nixl":
+        if head != NIXL_STATUS_TAG:
+            return None, MessageKind.UNKNOWN, f"no known tag ({ff.shown(head)}): not a NIXL decode message"
+        return _nixl_status, MessageKind.STATUS, msg
     return _status, MessageKind.STATUS, msg
 
 
@@ -350,6 +356,14 @@ def _status(msg, limits, reader):
     _frames(msg, 3, 3, "transfer status")
     ff.one_of(msg[1], "status", KV_POLL_VALUES)
     ff.ascii_int(msg[2], "prefill rank", 0, MAX_RANK)
+
+
+def _nixl_status(msg, limits, reader):
+    reader.room = ff.room(msg[1]) if len(msg) > 1 else None
+    _frames(msg, 5, 5, "NIXL transfer status")
+    _status(msg[1:4], limits, reader)
+    if len(msg[4]) > MAX_REASON_BYTES:
+        raise FrameError(f"failure reason has {len(msg[4])} bytes, more than {MAX_REASON_BYTES}")
 
 
 def _abort_ack(msg, limits, reader):

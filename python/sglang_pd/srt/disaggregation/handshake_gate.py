@@ -19,6 +19,7 @@ under a lock).
 
 from __future__ import annotations
 
+import base64
 import logging
 import threading
 import time
@@ -51,6 +52,7 @@ class GateHost(Protocol):
     def room_claimed(self, room: int) -> bool: ...
     def fail_room(self, room: int, reason: str, notify: tuple[str, int] | None) -> bool: ...
     def drop_unclaimed(self, room: int) -> bool: ...
+    def prune(self) -> None: ...
 
 
 @dataclass
@@ -63,6 +65,7 @@ class GateCounts:
     auth_refused: dict[str, int] = field(default_factory=dict)   # AuthFailure -> count
     num_rooms_failed: int = 0
     num_unsigned_accepted: int = 0   # signed by a peer while this server has no secret (trailer stripped)
+    refused_after_admit: dict[str, int] = field(default_factory=dict)  # admitted here, refused by a later check
 
 
 class HandshakeGate:
@@ -71,7 +74,7 @@ class HandshakeGate:
     def __init__(self, limits: FrameLimits, host: GateHost, auth: PeerAuth | None,
                  unclaimed: UnclaimedRooms | None, tombstones: RoomTombstones | None,
                  on_count: Callable[[str, int], None] = lambda name, n: None, max_peers: int = 1024,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, capture: bool = False):
         self.limits, self.host, self.auth = limits, host, auth
         self.unclaimed, self.tombstones = unclaimed, tombstones
         self._on_count = on_count
@@ -82,6 +85,9 @@ class HandshakeGate:
         self._lock = threading.Lock()
         self._num_unlogged = 0
         self._last_summary = clock()
+        # Test-only (fault injection on): the last admitted raw message of each kind, trailer included,
+        # so a test can replay real traffic byte for byte.
+        self.captured: dict[str, list[bytes]] | None = {} if capture else None
 
     # ---- the one entry point --------------------------------------------------------------------------
     def admit(self, msg: list[bytes], peer: str) -> list[bytes] | None:
@@ -100,11 +106,14 @@ class HandshakeGate:
             self.unclaimed.note(verdict.room, sum(map(len, body)))
         with self._lock:
             self.counts.num_admitted += 1
+            if self.captured is not None:
+                self.captured[verdict.kind.value] = list(msg)
         return body
 
     def housekeeping(self) -> list[int]:
         """Expire unclaimed rooms and emit the periodic summary; returns rooms dropped."""
         dropped = []
+        self.host.prune()
         if self.unclaimed is not None:
             dropped = self.unclaimed.sweep(self.host.room_claimed, self.host.drop_unclaimed)
             if dropped:
@@ -122,7 +131,8 @@ class HandshakeGate:
     def count_external_rejection(self, kind: str) -> None:
         """Count a message this gate admitted that a later check refused (NIXL's metadata parse)."""
         with self._lock:
-            self.counts.rejected[kind] = self.counts.rejected.get(kind, 0) + 1
+            table = self.counts.refused_after_admit
+            table[kind] = table.get(kind, 0) + 1
 
     # ---- steps ----------------------------------------------------------------------------------------
     def _authenticate(self, msg: list[bytes], peer: str) -> list[bytes] | None:
@@ -219,6 +229,7 @@ class HandshakeGate:
                 "num_received": counts.num_received, "num_admitted": counts.num_admitted,
                 "rejected": dict(counts.rejected), "auth_refused": dict(counts.auth_refused),
                 "num_rooms_failed": counts.num_rooms_failed, "num_unsigned_accepted": counts.num_unsigned_accepted,
+                "refused_after_admit": dict(counts.refused_after_admit),
                 "peers": {p: {**e, "by_reason": dict(e["by_reason"])} for p, e in self._peers.items()},
                 "max_frame_bytes": self.limits.max_frame_bytes, "max_kv_pages": self.limits.max_kv_pages,
             }
@@ -226,6 +237,9 @@ class HandshakeGate:
             view["unclaimed_rooms"] = self.unclaimed.snapshot()
         if self.tombstones is not None:
             view["num_tombstones"] = len(self.tombstones)
+        if self.captured is not None:
+            with self._lock:
+                view["captured"] = {k: [base64.b64encode(f).decode() for f in m] for k, m in self.captured.items()}
         return view
 
 

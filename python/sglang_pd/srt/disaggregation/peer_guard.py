@@ -82,6 +82,8 @@ class PeerGuard:
     tombstones: RoomTombstones | None = None
     endpoint: str | None = None                 # this scheduler's rank socket, tcp://ip:port
     rooms_view: Callable[[], dict] | None = None
+    host: object | None = None                  # the gate's view of SGLang's manager (claimed rooms)
+    pool: dict | None = None                    # this manager's KV layout (what a peer must register against)
     http: HttpGuardCounts = field(default_factory=HttpGuardCounts)
     num_gate_errors: int = 0
 
@@ -95,6 +97,7 @@ class PeerGuard:
             "auth": "hmac-sha256" if self.auth else "off",
             "key_ids": self.auth.key_ids if self.auth else [],
             "endpoint": self.endpoint,
+            "pool": self.pool,
             "gate": self.gate.snapshot() if self.gate else None,
             "threads": self.watch.snapshot() if self.watch else None,
             "http": self.http.snapshot(),
