@@ -14,11 +14,13 @@ from sglang_pd.process_state import ProcessKind
 from sglang_pd.srt import scheduler_hooks
 from sglang_pd.srt.disaggregation import (decode_hooks, nixl_host_memory, prefill_hooks, request_fields,
                                            retraction_hooks, round_hooks, slo_hooks)
+from sglang_pd.srt.hooks import common_conn, network, nixl_conn, requests_sessions
 from sglang_pd.srt.mem_cache import checkpoint_hooks, ledger_hooks
 
 _DISAGG = "sglang.srt.disaggregation"
 _TREE = "sglang.srt.mem_cache.base_prefix_cache.BasePrefixCache"
 _UTREE = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache"
+_CONN = "sglang.srt.disaggregation.common.conn"
 
 
 @dataclass(frozen=True)
@@ -73,14 +75,6 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         f"{_DISAGG}.common.conn.CommonKVSender._prepare_send_indices", "AFTER",
         prefill_hooks.after_prepare_send_indices, ProcessKind.SCHEDULER,
         "count KV pages really handed to the transport per room (nixl and mooncake share it)"),
-    HookSpec(
-        f"{_DISAGG}.mooncake.conn.MooncakeKVManager._handle_abort_notification", "AROUND",
-        prefill_hooks.around_mooncake_message, ProcessKind.SCHEDULER,
-        "check transfer-info frames first: a malformed one fails its room, not the bootstrap thread"),
-    HookSpec(
-        f"{_DISAGG}.nixl.conn.NixlKVManager._handle_abort_notification", "AROUND",
-        prefill_hooks.around_nixl_message, ProcessKind.SCHEDULER,
-        "same for NIXL (whose parser also asserts on foreign traffic)"),
     HookSpec(
         f"{_DISAGG}.nixl.conn.NixlKVManager.__init__", "AROUND", nixl_host_memory.around_manager_init,
         ProcessKind.SCHEDULER, "CPU device: register KV as DRAM (upstream says VRAM) and scope the next row"),
@@ -152,6 +146,36 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         f"{_DISAGG}.decode.DecodePreallocQueue.add", "AROUND", slo_hooks.around_prealloc_add,
         ProcessKind.SCHEDULER, "refuse (503) a request whose predicted TTFT exceeds SGLANG_PD_TTFT_TARGET_MS, "
         "before any page or lock"),
+    # ---- hostile peers (issue 16; srt/hooks/, srt/disaggregation/handshake_gate.py, peer_auth.py) ----
+    HookSpec(
+        f"{_CONN}.CommonKVManager.__init__", "AROUND", common_conn.around_manager_init, ProcessKind.SCHEDULER,
+        "every message on the rank socket (prefill and decode, mooncake and NIXL, every receiving thread) "
+        "passes the HandshakeGate before SGLang parses it: auth, schema, state; PD threads watched"),
+    HookSpec(
+        "sglang.srt.utils.network.get_zmq_socket_on_host", "AROUND", network.around_get_zmq_socket_on_host,
+        ProcessKind.SCHEDULER, "inside a KV manager's construction only: bind its PULL socket with "
+        "ZMQ_MAXMSGSIZE, so an oversize frame is refused before it is buffered"),
+    HookSpec(
+        f"{_CONN}.CommonKVManager._send_multipart_locked", "BEFORE", common_conn.before_send_multipart_locked,
+        ProcessKind.SCHEDULER, "sign what prefill sends decode (status, ABORT_ACK, AUX_DATA) when a secret is set"),
+    HookSpec(
+        f"{_CONN}.CommonKVReceiver._connect", "AROUND", common_conn.around_receiver_connect, ProcessKind.SCHEDULER,
+        "sign what decode sends prefill (registration, transfer info, ABORT, BOOTSTRAP) when a secret is set"),
+    HookSpec(
+        f"{_CONN}.CommonKVSender.__init__", "AFTER", common_conn.after_sender_init, ProcessKind.SCHEDULER,
+        "a room a rejected message failed before its request arrived fails at once (not after the bootstrap timeout)"),
+    HookSpec(
+        f"{_DISAGG}.nixl.conn.NixlKVManager._add_remote_peer", "AROUND", nixl_conn.around_add_remote_peer,
+        ProcessKind.SCHEDULER, "agent metadata NIXL cannot load (or naming another agent) drops that peer, "
+        "not the bootstrap thread"),
+    HookSpec(
+        "requests.sessions.Session.request", "AROUND", requests_sessions.around_session_request,
+        ProcessKind.SCHEDULER, "bootstrap HTTP calls (PUT/GET /route, /register_dp_rank, /query_dp_ranks) signed "
+        "and their answers verified: decode trusts no unauthenticated prefill rank; other requests untouched"),
+    HookSpec(
+        f"{_CONN}.CommonKVBootstrapServer._setup_routes", "AFTER", common_conn.after_setup_routes, ProcessKind.HTTP,
+        "bootstrap server: authenticate and check every /route, /register_dp_rank, /query_dp_ranks request "
+        "before SGLang's handler stores it; tag the answers"),
 )
 
 

@@ -1,7 +1,8 @@
 """HTTP endpoints sglang_pd adds to SGLang's FastAPI app (served on the server's own port).
 
 GET /sglang_pd/info  -> version, role, hooks applied in the HTTP and scheduler processes.
-GET /sglang_pd/stats -> the scheduler-side state (prefill transfer log, ...).
+GET /sglang_pd/stats -> the scheduler-side state (prefill transfer log, handshake guard, ...).
+SGLang's /health also answers 503 while a PD thread is dead (srt/hooks/http_server.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from sglang_pd.process_state import STATE, mode_name
 from sglang_pd.srt.fault_injection import KEY_PREFIX
 from sglang_pd.srt.fault_injection import enabled as fault_injection_enabled
 from sglang_pd.srt.disaggregation.slo_http import mount_retry_after
+from sglang_pd.srt.hooks.http_server import mount_health_guard
 from sglang_pd.srt.scheduler_hooks import INTERNAL_STATE_KEY
 
 INFO_PATH = "/sglang_pd/info"
@@ -18,7 +20,8 @@ STATS_PATH = "/sglang_pd/stats"
 FAULTS_PATH = "/sglang_pd/faults"
 
 
-async def _scheduler_states() -> list[dict]:
+async def scheduler_states() -> list[dict]:
+    """The sglang_pd state of every scheduler of this server (SGLang's get_internal_state round trip)."""
     from sglang.srt.entrypoints.http_server import get_global_state
 
     states = await get_global_state().tokenizer_manager.get_internal_state()
@@ -37,7 +40,7 @@ def _role() -> str:
 
 async def info() -> dict:
     """Plugin version, this server's role and every hook sglang_pd applied."""
-    schedulers = await _scheduler_states()
+    schedulers = await scheduler_states()
     return {
         "name": "sglang_pd",
         "version": sglang_pd.__version__,
@@ -52,8 +55,8 @@ async def info() -> dict:
 
 
 async def stats() -> dict:
-    """Scheduler-side counters of every DP rank."""
-    return {"role": _role(), "schedulers": await _scheduler_states()}
+    """Scheduler-side counters of every DP rank, and this HTTP process's peer guard (bootstrap server)."""
+    return {"role": _role(), "schedulers": await scheduler_states(), "http_process": {"handshake": STATE.peer_guard.snapshot()}}
 
 
 async def arm_faults(body: dict) -> dict:
@@ -81,3 +84,4 @@ def before_launch_server(*args, **kwargs):
         if fault_injection_enabled():
             app.add_api_route(FAULTS_PATH, arm_faults, methods=["POST"])
         mount_retry_after(app)
+        mount_health_guard(app)

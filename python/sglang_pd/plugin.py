@@ -4,17 +4,23 @@ SGLang calls `register()` in every process it starts (HTTP server, each schedule
 DP controller). We register only the HOOK_TABLE rows meant for the current process; SGLang's
 `HookRegistry.apply_hooks()` then patches them. On any SGLang version other than the pinned one,
 we log one line and register nothing, so an upgrade cannot silently run half-patched.
+
+Peer authentication is fail-closed: with SGLANG_PD_PEER_SECRET_FILE set, a secret the plugin cannot
+use, or a plugin that cannot activate, stops the server (SystemExit) instead of letting it serve
+unauthenticated. Without the setting, the HTTP process logs one warning naming the risk.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
 import sglang_pd
+from sglang_pd.config import fatal_problems
 from sglang_pd.config import validate as validate_settings
-from sglang_pd.process_state import STATE, detect_process_kind
-
+from sglang_pd.process_state import STATE, ProcessKind, detect_process_kind
+from sglang_pd.srt.disaggregation.peer_guard import SECRET_ENV, UNAUTHENTICATED_WARNING, load_auth
 
 
 def _log(line: str) -> None:
@@ -30,25 +36,45 @@ def installed_sglang_version() -> str | None:
         return None
 
 
+def _refuse_start(problems: list[str]) -> None:
+    for problem in problems:
+        _log(f"refusing to start: {problem}")
+    raise SystemExit("sglang_pd: refusing to start: " + "; ".join(problems))
+
+
+def _stay_inactive(reason: str) -> None:
+    """Not activating is acceptable, unless peers were meant to be authenticated (fail closed)."""
+    STATE.refused_reason = reason
+    if os.environ.get(SECRET_ENV):
+        _refuse_start([f"{SECRET_ENV} is set but the plugin cannot activate ({reason})"])
+
+
 def register() -> None:
     """Register this process's hooks with SGLang's HookRegistry (idempotent per process)."""
     if STATE.kind is not None:
         return
     STATE.kind = detect_process_kind()
+    fatal = fatal_problems()
+    if fatal:
+        _refuse_start(fatal)
     found = installed_sglang_version()
     if found != sglang_pd.SUPPORTED_SGLANG_VERSION:
-        STATE.refused_reason = (
-            f"sglang_pd {sglang_pd.__version__} requires sglang=={sglang_pd.SUPPORTED_SGLANG_VERSION}, "
-            f"found {found}; plugin NOT active")
-        _log(STATE.refused_reason)
+        reason = (f"sglang_pd {sglang_pd.__version__} requires sglang=={sglang_pd.SUPPORTED_SGLANG_VERSION}, "
+                  f"found {found}; plugin NOT active")
+        _log(reason)
+        _stay_inactive(reason)
         return
     problems = validate_settings()
     if problems:
-        STATE.refused_reason = "bad settings: " + "; ".join(problems) + "; plugin NOT active"
         for problem in problems:
             _log(f"bad setting: {problem}")
         _log("plugin NOT active")
+        _stay_inactive("bad settings: " + "; ".join(problems) + "; plugin NOT active")
         return
+    STATE.peer_guard.auth = load_auth()
+    if STATE.kind is ProcessKind.HTTP:
+        _log(f"WARNING: {UNAUTHENTICATED_WARNING}" if STATE.peer_guard.auth is None else
+             f"PD peers authenticated (HMAC-SHA256; key ids {', '.join(STATE.peer_guard.auth.key_ids)})")
 
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from sglang_pd.srt.disaggregation.admission_round import AdmissionRound
 from sglang_pd.srt.disaggregation.decode_admission import DecodePrefixAdmission
+from sglang_pd.srt.disaggregation.peer_guard import PeerGuard
 from sglang_pd.srt.disaggregation.prefill_transfer_log import PrefillTransferLog
 from sglang_pd.srt.disaggregation.radix_resume import RadixResume
 from sglang_pd.srt.disaggregation.slo_controller import SloController
@@ -72,6 +73,7 @@ class ProcessState:
     num_retracted: int = 0
     counters: PDCounters = field(default_factory=PDCounters)
     slo: SloController = None  # built in __post_init__ from SGLANG_PD_*_TARGET_MS, around counters
+    peer_guard: PeerGuard = field(default_factory=PeerGuard)  # keys at plugin start; gate/watch from hooks
 
     def __post_init__(self):
         self.decode_admission = DecodePrefixAdmission(self.lock_ledger, counters=self.counters)
@@ -113,6 +115,7 @@ class ProcessState:
             "admission_round": self.admission_round.snapshot(),
             "counters": self.counters.snapshot(),
             "slo": self.slo.snapshot(num_recent_steps=512),
+            "handshake": self.peer_guard.snapshot(),
         }
 
 

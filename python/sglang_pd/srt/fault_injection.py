@@ -23,6 +23,7 @@ class Fault(str, enum.Enum):
     PREFIX_EXCEEDS = "prefix_exceeds"       # tell prefill prompt_len + page_size
     TRANSFER_FAIL = "transfer_fail"         # decode marks the room failed right after prealloc
     NIXL_STALL = "nixl_stall"               # prefill: the room's NIXL transfer never reports done
+    RANK_READER_EXIT = "rank_reader_exit"   # the rank socket's reading thread raises on its next message
 
 
 def enabled() -> bool:

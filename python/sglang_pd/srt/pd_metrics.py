@@ -33,6 +33,15 @@ METRICS: dict[str, tuple[str, str]] = {
     "decode_admission_cap": ("gauge", "running requests the ITL target allows at the current mean length"),
     "decode_ttft_seconds_predicted": ("gauge", "predicted time to first token of the latest new request"),
     "early_rejected_requests_total": ("counter", "requests refused at the door for a predicted TTFT over target"),
+    # Hostile peers (srt/disaggregation/handshake_gate.py, peer_auth.py, thread_watch.py)
+    "handshake_messages_rejected_total": ("counter", "PD handshake messages / bootstrap requests dropped as malformed "
+                                                     "or out of bounds before SGLang parsed them"),
+    "peer_auth_refused_total": ("counter", "PD handshake messages / bootstrap requests or answers refused for a "
+                                           "missing, wrong, stale or replayed auth tag"),
+    "handshake_rooms_failed_total": ("counter", "rooms failed because a rejected message named them"),
+    "unclaimed_rooms_expired_total": ("counter", "rooms whose transfer infos were dropped: no request claimed them"),
+    "pd_threads_dead": ("gauge", "PD threads (bootstrap, status listener, transfer workers) found dead; /health "
+                                 "fails while > 0"),
 }
 
 
@@ -61,6 +70,11 @@ class PDCounters:
             self._prom[name] = metric.labels(role, backend)
             if kind == "counter" and self.values[name]:
                 self._prom[name].inc(self.values[name])
+
+    @property
+    def bound(self) -> bool:
+        """True once the Prometheus twins exist in this process."""
+        return bool(self._prom)
 
     def add(self, name: str, amount: float) -> None:
         """Increase counter `name` by `amount` (>= 0)."""

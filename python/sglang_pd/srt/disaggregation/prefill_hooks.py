@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import logging
 
-from sglang_pd.process_state import STATE, mode_name
+from sglang_pd.process_state import STATE
 from sglang_pd.srt.disaggregation.prefill_guard import validate_decode_prefix_len
-from sglang_pd.srt.disaggregation.transfer_info_guard import MOONCAKE, NIXL, check_frames
 from sglang_pd.srt.mem_cache.common import bytes_per_page
 
 logger = logging.getLogger(__name__)
@@ -51,33 +50,3 @@ def after_prepare_send_indices(result, sender, kv_indices, state_indices=None):
             STATE.count_hook_error("prepare_send_indices")
             logger.exception("sglang_pd: failed to count sent pages")
     return result
-
-
-def _guard_bootstrap_message(original, mgr, msg, layout):
-    if original(mgr, msg):
-        return True  # an abort notification, handled by SGLang
-    if mode_name(mgr.disaggregation_mode) != "prefill":
-        return False
-    verdict = check_frames(msg, layout)
-    if verdict.reason is None:
-        return False
-    reason = f"sglang_pd: rejected by prefill: {verdict.reason}"
-    logger.error(reason)
-    STATE.counters.add("prefill_rejected_requests_total", 1)
-    if verdict.room is not None:
-        from sglang.srt.disaggregation.base.conn import KVPoll
-
-        STATE.prefill_log.record_rejection(verdict.room, "", reason)
-        mgr.record_failure(verdict.room, reason)
-        mgr.update_status(verdict.room, KVPoll.Failed)
-    return True  # consumed: upstream's parser never sees it, its thread lives on
-
-
-def around_mooncake_message(original, mgr, msg):
-    """Drop (and fail the room of) a malformed mooncake transfer-info message before upstream parses it."""
-    return _guard_bootstrap_message(original, mgr, msg, MOONCAKE)
-
-
-def around_nixl_message(original, mgr, msg):
-    """Same for NIXL, whose messages also carry a guard frame."""
-    return _guard_bootstrap_message(original, mgr, msg, NIXL)
