@@ -1,0 +1,185 @@
+"""An impostor process against a running PD pair: without the secret it cannot register, claim a waiting
+room, receive one byte of KV or mark a transfer done; the real pair keeps serving.
+
+The impostor runs a real transfer endpoint in this process (a Mooncake TransferEngine / a NIXL agent)
+with zeroed buffers laid out like the real decode's, so any KV that prefill sent it would land there.
+Three kinds of attempt, each counted by the server's gate:
+  no secret     (messages without a tag)              -> refused "missing"
+  wrong secret  (tagged with another key)             -> refused "unknown_key"
+  replay        (real signed traffic captured on the server, resent byte for byte) -> refused "replayed"
+                (inside the 30 s window: nonce already seen) or "stale" (older: timestamp)
+The control runs the same impostor against pd_page1, which has no secret: there the KV does land.
+"""
+
+import concurrent.futures as cf
+import random
+import time
+
+import numpy as np
+import pytest
+
+from sglang_pd.harness import PDDeployment
+from sglang_pd.harness.deployment import new_bootstrap_room
+from sglang_pd.harness.hostile_peer import (PeerIdentity, PeerSocket, Templates, assert_threads_alive,
+                                            captured_frames, handshake_view, rank_endpoint, wait_received)
+from sglang_pd.harness.server import free_port
+from sglang_pd.models import VOCAB_SIZE
+from sglang_pd.srt.disaggregation.peer_auth import PeerAuth
+
+pytestmark = pytest.mark.integration
+
+WRONG = PeerAuth([b"an-impostor-guess-of-the-secret-0123456789"])
+PROMPT_LEN = 40
+
+
+class Impostor:
+    """A transfer endpoint with zeroed KV and aux buffers shaped like the prefill pool's."""
+
+    def __init__(self, backend: str, pool: dict, num_pages: int):
+        self.backend = backend
+        item = pool["kv_item_lens"][0]
+        self.kv = [np.zeros(item * num_pages, dtype=np.uint8) for _ in range(pool["num_kv_buffers"])]
+        self.aux = [np.zeros(n * 4, dtype=np.uint8) for n in pool["aux_item_lens"]]
+        self.num_pages, self.item = num_pages, item
+        bufs = self.kv + self.aux
+        if backend == "mooncake":
+            from sglang_pd.bench.transfer.mooncake_endpoint import MooncakeEndpoint
+
+            self.endpoint = MooncakeEndpoint("impostor", bufs)
+            name, self.metadata = self.endpoint.info()["session"], b""
+        else:
+            from sglang_pd.bench.transfer.nixl_endpoint import NixlEndpoint
+
+            self.endpoint = NixlEndpoint(f"impostor-{free_port()}", bufs)
+            name, self.metadata = self.endpoint.agent.name, self.endpoint.info()["metadata"]
+        self.identity = PeerIdentity("127.0.0.1", free_port(), name)
+        self.templates = Templates(backend, self.identity)
+
+    def registration(self) -> list[bytes]:
+        return self.templates.registration([b.ctypes.data for b in self.kv], self.item,
+                                           [b.ctypes.data for b in self.aux], num_slots=self.num_pages,
+                                           agent_metadata=self.metadata or b"metadata")
+
+    def claim(self, room: int) -> list[bytes]:
+        return self.templates.transfer_info(room, list(range(self.num_pages)))
+
+    def bytes_received(self) -> int:
+        if self.backend == "nixl":
+            self.endpoint.progress()
+        return int(sum(np.count_nonzero(b) for b in self.kv + self.aux))
+
+    def close(self) -> None:
+        self.endpoint.close()
+
+
+def _prompt(seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, VOCAB_SIZE) for _ in range(PROMPT_LEN)]
+
+
+def _rooms(dep, server, status: int) -> list[int]:
+    return handshake_view(dep, server)["rooms"]["by_status"].get(str(status), [])
+
+
+def _wait_for(predicate, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def _backend(dep: PDDeployment) -> str:
+    return "nixl" if dep.config.transfer_backend == "nixl" else "mooncake"
+
+
+def _impostor(dep: PDDeployment) -> Impostor:
+    pool = handshake_view(dep, dep.prefill)["pool"]
+    return Impostor(_backend(dep), pool, -(-PROMPT_LEN // pool["page_size"]))
+
+
+@pytest.mark.parametrize("name", ["pd_page16", "pd_nixl"])
+def test_impostor_gets_nothing_and_the_pair_keeps_serving(name, request, plain_url):
+    dep: PDDeployment = request.getfixturevalue(name)
+    assert dep.env.get("SGLANG_PD_PEER_SECRET_FILE"), "this test needs an authenticated deployment"
+    rng = random.Random(name)
+    # Real traffic first: the gates capture the real decode's registration and transfer info and the real
+    # prefill's Success status, which the impostor then replays.
+    dep.generate_pd(_prompt(1), 8)
+    real_prefill = captured_frames(handshake_view(dep, dep.prefill))
+    real_decode = captured_frames(handshake_view(dep, dep.decodes[0]))
+    assert {"registration", "transfer_info"} <= set(real_prefill) and "status" in real_decode
+    impostor = _impostor(dep)
+    room, stalled_room = new_bootstrap_room(rng), new_bootstrap_room(rng)
+    try:
+        with cf.ThreadPoolExecutor(4) as pool:  # four halves in flight at once
+            prefill_half = pool.submit(dep.post_generate, dep.prefill.url, _prompt(2), 8, 90, **dep.pairing(room))
+            _wait_for(lambda: room in _rooms(dep, dep.prefill, 1), f"room {room} never waited on prefill")
+            decode_half = pool.submit(dep.post_generate, dep.decodes[0].url, _prompt(3), 8, 90,
+                                      **dep.pairing(stalled_room))
+            _wait_for(lambda: stalled_room in _rooms(dep, dep.decodes[0], 2), "decode room never waited")
+            _wait_for(lambda: stalled_room in handshake_view(dep, dep.prefill)["rooms"]["transfer_info_rooms"],
+                      "decode's transfer info never reached prefill")
+            p_before = handshake_view(dep, dep.prefill)["gate"]
+            d_before = handshake_view(dep, dep.decodes[0])["gate"]
+
+            with PeerSocket(rank_endpoint(dep, dep.prefill)) as to_prefill, \
+                    PeerSocket(rank_endpoint(dep, dep.decodes[0])) as to_decode:
+                for auth in (None, WRONG):   # register + claim the waiting room; forge "transfer done"
+                    to_prefill.send(impostor.registration(), auth)
+                    to_prefill.send(impostor.claim(room), auth)
+                    to_decode.send(impostor.templates.status(stalled_room, 4), auth)
+                for kind in ("registration", "transfer_info"):
+                    to_prefill.send_raw(real_prefill[kind])
+                to_decode.send_raw(real_decode["status"])
+            p_view = wait_received(dep, dep.prefill, p_before["num_received"] + 6)
+            d_view = wait_received(dep, dep.decodes[0], d_before["num_received"] + 3)
+            time.sleep(2.0)  # would-be transfers get time to land before we look
+            for view, before, n in ((p_view, p_before, 2), (d_view, d_before, 1)):
+                refused = {k: view["gate"]["auth_refused"].get(k, 0) - before["auth_refused"].get(k, 0)
+                           for k in ("missing", "unknown_key", "replayed", "stale")}
+                # a replay inside the 30 s window is caught by its nonce, an older one by its timestamp
+                # (the registration was captured when the pair first met, possibly minutes ago)
+                assert (refused["missing"], refused["unknown_key"], refused["replayed"] + refused["stale"]) == (n, n, n), \
+                    view["gate"]
+                assert view["gate"]["num_admitted"] == before["num_admitted"]
+            assert room in _rooms(dep, dep.prefill, 1), "the impostor claimed the waiting room"
+            assert impostor.identity.name not in handshake_view(dep, dep.prefill)["rooms"]["registered_peers"]
+            assert stalled_room in _rooms(dep, dep.decodes[0], 2), "decode believed a forged 'transfer done'"
+            assert impostor.bytes_received() == 0
+            # The real halves arrive: both rooms are served by the real pair, outputs right.
+            decode_of_room = pool.submit(dep.post_generate, dep.decodes[0].url, _prompt(2), 8, 90,
+                                         **dep.pairing(room))
+            prefill_of_stalled = pool.submit(dep.post_generate, dep.prefill.url, _prompt(3), 8, 90,
+                                             **dep.pairing(stalled_room))
+            for fut in (prefill_half, decode_half, decode_of_room, prefill_of_stalled):
+                assert fut.result(timeout=90).status_code == 200
+        assert decode_of_room.result().json()["output_ids"] == dep.generate(plain_url, _prompt(2), 8)["output_ids"]
+        assert decode_half.result().json()["output_ids"] == dep.generate(plain_url, _prompt(3), 8)["output_ids"]
+        assert impostor.bytes_received() == 0
+        print(f"IMPOSTOR {name}: refused on prefill {p_view['gate']['auth_refused']}, on decode "
+              f"{d_view['gate']['auth_refused']}; impostor received 0 bytes")
+    finally:
+        impostor.close()
+    assert_threads_alive(handshake_view(dep, dep.prefill), "prefill")
+    dep.wait_clean()
+
+
+def test_control_without_the_secret_the_impostor_takes_the_kv(pd_page1: PDDeployment):
+    """The same impostor against a pair without SGLANG_PD_PEER_SECRET_FILE (upstream's trust model)."""
+    dep = pd_page1
+    assert not dep.env.get("SGLANG_PD_PEER_SECRET_FILE")
+    impostor = _impostor(dep)
+    room = new_bootstrap_room(random.Random(5))
+    try:
+        with cf.ThreadPoolExecutor(1) as pool:
+            prefill_half = pool.submit(dep.post_generate, dep.prefill.url, _prompt(4), 8, 120, **dep.pairing(room))
+            _wait_for(lambda: room in _rooms(dep, dep.prefill, 1), f"room {room} never waited on prefill")
+            with PeerSocket(rank_endpoint(dep, dep.prefill)) as to_prefill:
+                to_prefill.send(impostor.registration())
+                to_prefill.send(impostor.claim(room))
+            assert prefill_half.result(timeout=120).status_code == 200
+        _wait_for(lambda: impostor.bytes_received() > 0, "no KV reached the impostor", 10)
+        print(f"CONTROL (no secret): the impostor received {impostor.bytes_received()} nonzero KV bytes of room {room}")
+    finally:
+        impostor.close()
+    dep.wait_clean()
