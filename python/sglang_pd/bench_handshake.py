@@ -169,7 +169,8 @@ def run(num_messages: int, num_http: int, page_size: int, num_pages: int) -> dic
         results["zmq"][kind] = {mode: bench_zmq(frames, side, auth, num_messages, page_size)
                                 for mode, auth in (("off", None), ("on", PeerAuth([KEY])))}
         results["primitives"][kind] = bench_primitives(frames, side, num_messages, page_size)
-    results["http_get_route"] = {mode: bench_http(auth, num_http) for mode, auth in (("off", None), ("on", PeerAuth([KEY])))}
+    results["http_get_route"] = {mode: bench_http(auth, num_http)
+                                 for mode, auth in (("off", None), ("on", PeerAuth([KEY])))}
     per_request = {mode: sum(results["zmq"][k][mode]["median_us"] for k in ("transfer_info", "status"))
                    for mode in ("off", "on")}
     results["per_request_us"] = {**per_request, "added_us": per_request["on"] - per_request["off"]}
@@ -178,7 +179,8 @@ def run(num_messages: int, num_http: int, page_size: int, num_pages: int) -> dic
 
 def report(results: dict) -> str:
     """The side-by-side table."""
-    lines = ["kind              auth off (us, p50 / p99)   auth on (us, p50 / p99)   added (us)   sign / verify / check (us)"]
+    lines = ["kind              auth off (us, p50 / p99)   auth on (us, p50 / p99)   added (us)   "
+             "sign / verify / check (us)"]
     for kind, modes in results["zmq"].items():
         off, on, prim = modes["off"], modes["on"], results["primitives"][kind]
         lines.append(f"{kind:<17} {off['median_us']:>10.1f} / {off['p99_us']:<10.1f}   {on['median_us']:>10.1f} / "

@@ -56,7 +56,8 @@ async def info() -> dict:
 
 async def stats() -> dict:
     """Scheduler-side counters of every DP rank, and this HTTP process's peer guard (bootstrap server)."""
-    return {"role": _role(), "schedulers": await scheduler_states(), "http_process": {"handshake": STATE.peer_guard.snapshot()}}
+    return {"role": _role(), "schedulers": await scheduler_states(),
+            "http_process": {"handshake": STATE.peer_guard.snapshot()}}
 
 
 async def arm_faults(body: dict) -> dict:

@@ -204,4 +204,51 @@ def captured_frames(view: dict) -> dict[str, list[bytes]]:
     """Real messages a fault-injection server admitted last, per kind, trailer included (for replays)."""
     import base64
 
-    return {kind: [base64.b64decode(f) for f in frames] for kind, frames in (view["gate"].get("captured") or {}).items()}
+    captured = view["gate"].get("captured") or {}
+    return {kind: [base64.b64decode(f) for f in frames] for kind, frames in captured.items()}
+
+
+class TransferPeer:
+    """A process-local transfer endpoint (a Mooncake TransferEngine or a NIXL agent) with zeroed KV and
+    aux buffers laid out like a prefill pool (`pool`: the `handshake.pool` view of /sglang_pd/stats), so
+    a registration of it is one prefill can really write to: any KV sent to it lands in `kv` / `aux`."""
+
+    def __init__(self, backend: str, pool: dict, num_pages: int, name: str):
+        from sglang_pd.harness.server import free_port
+
+        self.backend, self.num_pages = backend, num_pages
+        self.item = pool["kv_item_lens"][0]
+        self.kv = [np.zeros(self.item * num_pages, dtype=np.uint8) for _ in range(pool["num_kv_buffers"])]
+        self.aux = [np.zeros(n * 4, dtype=np.uint8) for n in pool["aux_item_lens"]]
+        if backend == "mooncake":
+            from sglang_pd.bench.transfer.mooncake_endpoint import MooncakeEndpoint
+
+            self.endpoint = MooncakeEndpoint(name, self.kv + self.aux)
+            transfer_name, self.metadata = self.endpoint.info()["session"], b""
+        else:
+            from sglang_pd.bench.transfer.nixl_endpoint import NixlEndpoint
+
+            self.endpoint = NixlEndpoint(f"{name}-{free_port()}", self.kv + self.aux)
+            transfer_name, self.metadata = self.endpoint.agent.name, self.endpoint.info()["metadata"]
+        self.identity = PeerIdentity("127.0.0.1", free_port(), transfer_name)
+        self.templates = Templates(backend, self.identity)
+
+    def registration(self) -> list[bytes]:
+        """Its registration with a prefill rank (buffer addresses, NIXL agent metadata)."""
+        return self.templates.registration([b.ctypes.data for b in self.kv], self.item,
+                                           [b.ctypes.data for b in self.aux], num_slots=self.num_pages,
+                                           agent_metadata=self.metadata or b"metadata")
+
+    def claim(self, room: int) -> list[bytes]:
+        """A transfer info asking for `room`'s KV pages into its buffers."""
+        return self.templates.transfer_info(room, list(range(self.num_pages)))
+
+    def bytes_received(self) -> int:
+        """Nonzero bytes in its buffers (polls NIXL notifications first)."""
+        if self.backend == "nixl":
+            self.endpoint.progress()
+        return int(sum(np.count_nonzero(b) for b in self.kv + self.aux))
+
+    def close(self) -> None:
+        """Release the endpoint."""
+        self.endpoint.close()

@@ -14,7 +14,7 @@ import pytest
 
 from sglang_pd.harness import PDDeployment
 from sglang_pd.harness.deployment import new_bootstrap_room
-from sglang_pd.harness.hostile_peer import (PeerIdentity, PeerSocket, Templates, assert_threads_alive,
+from sglang_pd.harness.hostile_peer import (PeerIdentity, PeerSocket, Templates, TransferPeer, assert_threads_alive,
                                             handshake_view, random_frames, rank_endpoint, wait_received)
 from sglang_pd.models import VOCAB_SIZE
 from sglang_pd.srt.disaggregation.peer_auth import PeerAuth
@@ -82,9 +82,9 @@ def test_issue_messages_leave_prefill_serving(dep: PDDeployment, plain_url: str)
     assert_still_serving(dep, plain_url, seed=1)
 
 
-def _bad_transfer_infos(backend: str, room: int, registered: PeerIdentity) -> dict[str, list[bytes]]:
-    """Transfer infos for `room` that upstream would choke on, or that name a peer that never registered."""
-    t = Templates(backend, registered)
+def _bad_transfer_infos(backend: str, room: int, peer: PeerIdentity, page_size: int) -> dict:
+    """name -> (transfer info for `room` from the registered `peer`, what the refusal must say)."""
+    t = Templates(backend, peer)
     good = t.transfer_info(room, [1, 2, 3], decode_prefix_len=16)
     at = 1 if backend == "nixl" else 0
     prefix_at = at + 8
@@ -92,18 +92,25 @@ def _bad_transfer_infos(backend: str, room: int, registered: PeerIdentity) -> di
     def with_frame(i, value):
         return good[:i] + [value] + good[i + 1:]
 
-    bad_name = b"no-colon" if backend == "mooncake" else b"agent with spaces"
+    bad_name, name_reason = ((b"no-colon", "no ':<port>'") if backend == "mooncake"
+                             else (b"agent with spaces", "not a plain identifier"))
+    # Checked per request by prefill_guard at finalize_bootstrap (it knows the prompt): past the page grid
+    # on page 16, past the 40-token prompt on page 1 (every length is aligned to page size 1).
+    per_request = ((b"17", "not aligned to page size 16") if page_size == 16
+                   else (b"48", "exceeds the prompt length 40"))
+    stranger = Templates(backend, PeerIdentity("127.0.0.1", 7, "127.0.0.1:7")).transfer_info(room, [1, 2, 3])
     return {
-        "peer name upstream cannot parse": with_frame(at + 3, bad_name),
-        "peer that never registered": Templates(backend, PeerIdentity("127.0.0.1", 7, "127.0.0.1:7")).transfer_info(
-            room, [1, 2, 3]),
-        "truncated": good[:at + 5],
-        "torn kv indices": with_frame(at + 4, b"\x01\x02\x03"),
-        "non-ASCII decode_prefix_len": with_frame(prefix_at, "十六".encode()),
-        "negative decode_prefix_len": with_frame(prefix_at, b"-16"),
-        "unaligned decode_prefix_len": with_frame(prefix_at, b"17"),
-        "over-long decode_prefix_len": with_frame(prefix_at, b"99999999"),
-        "random bytes after the room": good[:at + 1] + [random.Random(room).randbytes(9) for _ in range(8)],
+        "peer name upstream cannot parse": (with_frame(at + 3, bad_name), name_reason),
+        "peer that never registered": (stranger, "never registered"),
+        "truncated": (good[:at + 5], "5 frames"),
+        "torn kv indices": (with_frame(at + 4, b"\x01\x02\x03"), "not a multiple of 4"),
+        "non-ASCII decode_prefix_len": (with_frame(prefix_at, "十六".encode()), "is not an integer"),
+        "negative decode_prefix_len": (with_frame(prefix_at, b"-16"), "decode_prefix_len -16 is outside"),
+        "decode_prefix_len off the page grid or past the prompt": (with_frame(prefix_at, per_request[0]),
+                                                                    per_request[1]),
+        "over-long decode_prefix_len": (with_frame(prefix_at, b"99999999"), "decode_prefix_len 99999999 is outside"),
+        "random bytes after the room": (good[:at + 1] + [random.Random(room).randbytes(9) for _ in range(8)],
+                                        "endpoint"),
     }
 
 
@@ -111,21 +118,37 @@ def _waiting_rooms(dep: PDDeployment) -> list[int]:
     return handshake_view(dep, dep.prefill)["rooms"]["by_status"].get("1", [])  # KVPoll.Bootstrapping
 
 
+def _registered_peer(dep: PDDeployment, backend: str, peer_socket: PeerSocket, auth) -> TransferPeer:
+    """Register a peer that is not the real decode (a real transfer endpoint: NIXL must load its agent
+    metadata), so each bad shape below is refused for its own reason."""
+    peer = TransferPeer(backend, handshake_view(dep, dep.prefill)["pool"], 4, "bad-frames")
+    peer_socket.send(peer.registration(), auth)
+    deadline = time.monotonic() + 30
+    while peer.identity.name not in handshake_view(dep, dep.prefill)["rooms"]["registered_peers"]:
+        assert time.monotonic() < deadline, "the test peer did not register"
+        time.sleep(0.1)
+    return peer
+
+
 def test_bad_transfer_info_fails_only_its_room(dep: PDDeployment, plain_url: str):
     auth, backend = auth_of(dep), backend_of(dep)
-    endpoint = rank_endpoint(dep, dep.prefill)
     rng = random.Random(7)
-    shapes = _bad_transfer_infos(backend, 0, PeerIdentity())
-    with cf.ThreadPoolExecutor(1) as pool, PeerSocket(endpoint) as peer:
-        for i, name in enumerate(shapes):
-            room = new_bootstrap_room(rng)
-            frames = _bad_transfer_infos(backend, room, PeerIdentity())[name]
-            waiting = pool.submit(dep.post_generate, dep.prefill.url, _prompt(100 + i), 8, 120, **dep.pairing(room))
-            deadline = time.monotonic() + 30
-            while room not in _waiting_rooms(dep):
-                assert time.monotonic() < deadline and not waiting.done(), f"room {room} never waited ({name})"
-                time.sleep(0.1)
-            peer.send(frames, auth)
-            resp = waiting.result(timeout=60)
-            assert resp.status_code >= 400 and f"room {room}" in resp.text, (name, resp.status_code, resp.text)
+    with cf.ThreadPoolExecutor(1) as pool, PeerSocket(rank_endpoint(dep, dep.prefill)) as peer_socket:
+        peer = _registered_peer(dep, backend, peer_socket, auth)
+        try:
+            for i, name in enumerate(_bad_transfer_infos(backend, 0, peer.identity, dep.config.page_size)):
+                room = new_bootstrap_room(rng)
+                frames, reason = _bad_transfer_infos(backend, room, peer.identity, dep.config.page_size)[name]
+                waiting = pool.submit(dep.post_generate, dep.prefill.url, _prompt(100 + i), 8, 120,
+                                      **dep.pairing(room))
+                deadline = time.monotonic() + 30
+                while room not in _waiting_rooms(dep):
+                    assert time.monotonic() < deadline and not waiting.done(), f"room {room} never waited ({name})"
+                    time.sleep(0.1)
+                peer_socket.send(frames, auth)
+                resp = waiting.result(timeout=60)
+                assert resp.status_code >= 400 and str(room) in resp.text and reason in resp.text, (name, resp.text)
+            assert peer.bytes_received() == 0
+        finally:
+            peer.close()
     assert_still_serving(dep, plain_url, seed=2)

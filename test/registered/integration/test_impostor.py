@@ -15,14 +15,12 @@ import concurrent.futures as cf
 import random
 import time
 
-import numpy as np
 import pytest
 
 from sglang_pd.harness import PDDeployment
 from sglang_pd.harness.deployment import new_bootstrap_room
-from sglang_pd.harness.hostile_peer import (PeerIdentity, PeerSocket, Templates, assert_threads_alive,
+from sglang_pd.harness.hostile_peer import (PeerSocket, Templates, TransferPeer, assert_threads_alive,
                                             captured_frames, handshake_view, rank_endpoint, wait_received)
-from sglang_pd.harness.server import free_port
 from sglang_pd.models import VOCAB_SIZE
 from sglang_pd.srt.disaggregation.peer_auth import PeerAuth
 
@@ -30,46 +28,6 @@ pytestmark = pytest.mark.integration
 
 WRONG = PeerAuth([b"an-impostor-guess-of-the-secret-0123456789"])
 PROMPT_LEN = 40
-
-
-class Impostor:
-    """A transfer endpoint with zeroed KV and aux buffers shaped like the prefill pool's."""
-
-    def __init__(self, backend: str, pool: dict, num_pages: int):
-        self.backend = backend
-        item = pool["kv_item_lens"][0]
-        self.kv = [np.zeros(item * num_pages, dtype=np.uint8) for _ in range(pool["num_kv_buffers"])]
-        self.aux = [np.zeros(n * 4, dtype=np.uint8) for n in pool["aux_item_lens"]]
-        self.num_pages, self.item = num_pages, item
-        bufs = self.kv + self.aux
-        if backend == "mooncake":
-            from sglang_pd.bench.transfer.mooncake_endpoint import MooncakeEndpoint
-
-            self.endpoint = MooncakeEndpoint("impostor", bufs)
-            name, self.metadata = self.endpoint.info()["session"], b""
-        else:
-            from sglang_pd.bench.transfer.nixl_endpoint import NixlEndpoint
-
-            self.endpoint = NixlEndpoint(f"impostor-{free_port()}", bufs)
-            name, self.metadata = self.endpoint.agent.name, self.endpoint.info()["metadata"]
-        self.identity = PeerIdentity("127.0.0.1", free_port(), name)
-        self.templates = Templates(backend, self.identity)
-
-    def registration(self) -> list[bytes]:
-        return self.templates.registration([b.ctypes.data for b in self.kv], self.item,
-                                           [b.ctypes.data for b in self.aux], num_slots=self.num_pages,
-                                           agent_metadata=self.metadata or b"metadata")
-
-    def claim(self, room: int) -> list[bytes]:
-        return self.templates.transfer_info(room, list(range(self.num_pages)))
-
-    def bytes_received(self) -> int:
-        if self.backend == "nixl":
-            self.endpoint.progress()
-        return int(sum(np.count_nonzero(b) for b in self.kv + self.aux))
-
-    def close(self) -> None:
-        self.endpoint.close()
 
 
 def _prompt(seed: int) -> list[int]:
@@ -92,9 +50,9 @@ def _backend(dep: PDDeployment) -> str:
     return "nixl" if dep.config.transfer_backend == "nixl" else "mooncake"
 
 
-def _impostor(dep: PDDeployment) -> Impostor:
+def _impostor(dep: PDDeployment) -> TransferPeer:
     pool = handshake_view(dep, dep.prefill)["pool"]
-    return Impostor(_backend(dep), pool, -(-PROMPT_LEN // pool["page_size"]))
+    return TransferPeer(_backend(dep), pool, -(-PROMPT_LEN // pool["page_size"]), "impostor")
 
 
 @pytest.mark.parametrize("name", ["pd_page16", "pd_nixl"])
@@ -139,8 +97,8 @@ def test_impostor_gets_nothing_and_the_pair_keeps_serving(name, request, plain_u
                            for k in ("missing", "unknown_key", "replayed", "stale")}
                 # a replay inside the 30 s window is caught by its nonce, an older one by its timestamp
                 # (the registration was captured when the pair first met, possibly minutes ago)
-                assert (refused["missing"], refused["unknown_key"], refused["replayed"] + refused["stale"]) == (n, n, n), \
-                    view["gate"]
+                replays = refused["replayed"] + refused["stale"]
+                assert (refused["missing"], refused["unknown_key"], replays) == (n, n, n), view["gate"]
                 assert view["gate"]["num_admitted"] == before["num_admitted"]
             assert room in _rooms(dep, dep.prefill, 1), "the impostor claimed the waiting room"
             assert impostor.identity.name not in handshake_view(dep, dep.prefill)["rooms"]["registered_peers"]

@@ -82,7 +82,8 @@ def test_without_auth_bad_registrations_are_refused_before_sglang_stores_them(se
     assert info.status_code == 200 and info.json()["rank_port"] == 40000
     assert requests.get(url + "/route?prefill_dp_rank=x&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0",
                         timeout=5).status_code == 400
-    assert requests.put(url + "/route", json={**RANK, "attn_tp_size": 2, "attn_tp_rank": 1}, timeout=5).status_code == 400
+    resized = {**RANK, "attn_tp_size": 2, "attn_tp_rank": 1}
+    assert requests.put(url + "/route", json=resized, timeout=5).status_code == 400
 
 
 @pytest.mark.parametrize("server", [True], indirect=True)
@@ -104,7 +105,7 @@ def test_with_auth_only_signed_requests_register_and_answers_are_verified(server
                        timeout=5)
     assert got.status_code == 200 and got.json()["rank_ip"] == "127.0.0.1"
     refused = STATE.peer_guard.http.snapshot()["auth_refused"]
-    assert (refused.get("missing"), refused.get("unknown_key"), refused.get("bad_mac"), refused.get("replayed")) == (1, 1, 1, 1)
+    assert [refused.get(k) for k in ("missing", "unknown_key", "bad_mac", "replayed")] == [1, 1, 1, 1]
 
 
 class _FakeBootstrap(http.server.BaseHTTPRequestHandler):

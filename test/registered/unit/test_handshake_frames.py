@@ -78,8 +78,8 @@ def sglang_status(backend: str, room: int, status: int, reason: str | None = Non
     from sglang.srt.disaggregation.nixl.conn import NixlKVManager
 
     cls = MooncakeKVManager if backend == "mooncake" else NixlKVManager
-    me = SimpleNamespace(kv_status_msg_tag=cls.kv_status_msg_tag, kv_status_msg_carries_reason=cls.kv_status_msg_carries_reason,
-                         _prefill_unique_rank=lambda: 0)
+    me = SimpleNamespace(kv_status_msg_tag=cls.kv_status_msg_tag,
+                         kv_status_msg_carries_reason=cls.kv_status_msg_carries_reason, _prefill_unique_rank=lambda: 0)
     return CommonKVManager._encode_kv_status_message(me, bootstrap_room=room, status=status, failure_reason=reason)
 
 
@@ -115,7 +115,7 @@ def test_issue_messages_are_refused_with_a_reason(name):
 
 
 @pytest.mark.parametrize("frames,needle", [
-    ({"decode_prefix_len": 17}, "not a multiple of the page size"),
+    ({"decode_prefix_len": -16}, "decode_prefix_len -16 is outside"),
     ({"decode_prefix_len": PAGES * PAGE + PAGE}, "outside"),
     ({"kv_indices": list(range(PAGES + 1))}, "more than the 64 this pool can address"),
     ({"kv_indices": [-1]}, "negative index"),

@@ -87,11 +87,12 @@ def test_bad_transfer_info_fails_its_room_and_tells_only_a_registered_decode():
     host.peers[PEER.name] = PeerRecord(PEER.ip, PEER.port)
     host.rooms.add(8)
     g = gate(host)
-    bad = T.transfer_info(8, [1, 2], decode_prefix_len=17)
+    bad = T.transfer_info(8, [1, 2], decode_prefix_len=-16)
     assert g.admit(bad, "10.0.0.9") is None
     room, reason, notify = host.failed[-1]
-    assert (room, notify) == (8, (PEER.ip, PEER.port)) and "not a multiple of the page size 16" in reason
-    stranger = Templates("mooncake", PeerIdentity("6.6.6.6", 9, "6.6.6.6:9")).transfer_info(8, [1], decode_prefix_len=17)
+    assert (room, notify) == (8, (PEER.ip, PEER.port)) and "decode_prefix_len -16 is outside" in reason
+    stranger = Templates("mooncake", PeerIdentity("6.6.6.6", 9, "6.6.6.6:9")).transfer_info(
+        8, [1], decode_prefix_len=-16)
     assert g.admit(stranger, "6.6.6.6") is None and host.failed[-1][2] is None  # never tell an unknown endpoint
 
 
@@ -124,7 +125,7 @@ def test_with_auth_unsigned_and_impostor_messages_change_nothing():
     msg = T.transfer_info(11, [1])
     assert g.admit(msg, "6.6.6.6") is None
     assert g.admit(msg + PeerAuth([b"x" * 40]).sign_frames(msg), "6.6.6.6") is None
-    bad = T.transfer_info(11, [1], decode_prefix_len=3)
+    bad = T.transfer_info(11, [1], decode_prefix_len=-3)
     assert g.admit(bad, "6.6.6.6") is None
     assert host.failed == [] and g.counts.auth_refused == {"missing": 2, "unknown_key": 1}
     signed = msg + PeerAuth([KEY]).sign_frames(msg)

@@ -91,7 +91,8 @@ def test_http_request_and_answer_tags():
     assert client.verify_http_response(nonce, 200, b'{"rank_ip":"10.0.0.1"}', answer).failure is None
     assert client.verify_http_response(nonce, 200, b'{"rank_ip":"6.6.6.6"}', answer).failure is AuthFailure.BAD_MAC
     other_nonce = client.sign_http_request("GET", "/route", b"")[1]
-    assert client.verify_http_response(other_nonce, 200, b'{"rank_ip":"10.0.0.1"}', answer).failure is AuthFailure.BAD_MAC
+    replayed = client.verify_http_response(other_nonce, 200, b'{"rank_ip":"10.0.0.1"}', answer)
+    assert replayed.failure is AuthFailure.BAD_MAC  # an answer to another request
     fake = PeerAuth([KEY_B]).sign_http_response(nonce, 200, b"{}")
     assert client.verify_http_response(nonce, 200, b"{}", fake).failure is AuthFailure.UNKNOWN_KEY
 

@@ -314,9 +314,9 @@ def _transfer_info_head(msg, limits, reader, peer_check) -> None:
 
 
 def _decode_prefix_len(frame: bytes, limits: FrameLimits) -> None:
-    value = ff.optional_int(frame, "decode_prefix_len", 0, limits.max_prefix_tokens)
-    if value is not None and value % limits.page_size:
-        raise FrameError(f"decode_prefix_len {value} is not a multiple of the page size {limits.page_size}")
+    """A number within the pool; alignment and the prompt bound are checked per request, where the
+    prompt is known (prefill_guard, at finalize_bootstrap: the rejection is recorded with its request)."""
+    ff.optional_int(frame, "decode_prefix_len", 0, limits.max_prefix_tokens)
 
 
 def _mooncake_transfer_info(msg, limits, reader):

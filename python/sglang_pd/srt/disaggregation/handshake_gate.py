@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Protocol
 
 from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits, MessageKind, Side, Verdict, check_message
-from sglang_pd.srt.disaggregation.peer_auth import AuthFailure, PeerAuth
+from sglang_pd.srt.disaggregation.peer_auth import TRAILER_FRAMES, AuthFailure, PeerAuth
 from sglang_pd.srt.disaggregation.room_expiry import RoomTombstones, UnclaimedRooms
 
 logger = logging.getLogger(__name__)
@@ -143,7 +143,7 @@ class HandshakeGate:
                 self._note_peer(peer, "sglang_pd: a peer signs its messages but this server has no "
                                       "SGLANG_PD_PEER_SECRET_FILE (accepted unverified; set the same secret on every "
                                       "PD server)", "unsigned")
-                return list(msg[:-5])
+                return list(msg[:-TRAILER_FRAMES])
             return msg
         verdict = self.auth.verify_frames(msg)
         if verdict.failure is None:

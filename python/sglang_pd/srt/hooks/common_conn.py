@@ -60,7 +60,10 @@ def frame_limits(args, module: str, mode: str) -> FrameLimits | None:
     aux_slots = tuple(int(d) // int(i) if i else 0 for d, i in zip(args.aux_data_lens or [], aux_items))
     side = Side(mode)
     # Prefill's largest legitimate frames: page-index lists and NIXL agent metadata (KBs per agent).
-    max_frame = max(4 * _MIB, 4 * (max_pages + 64)) if side is Side.PREFILL else max(_MIB, max(aux_items, default=0) + 64)
+    if side is Side.PREFILL:
+        max_frame = max(4 * _MIB, 4 * (max_pages + 64))
+    else:
+        max_frame = max(_MIB, max(aux_items, default=0) + 64)
     return FrameLimits(backend, side, int(args.page_size), max_pages + 8, max_frame,
                        staging=bool(envs.SGLANG_DISAGG_STAGING_BUFFER.get()),
                        aux_item_lens=aux_items, aux_slots=aux_slots)
