@@ -35,11 +35,12 @@ import time
 from array import array
 from dataclasses import asdict, dataclass
 
+from sglang_pd.config import Settings
 from sglang_pd.srt.disaggregation.admission_round import AdmissionRound, PoolSizer
-from sglang_pd.srt.disaggregation.decode_admission import DecodePrefixAdmission
+from sglang_pd.srt.hooks.table import apply_ledger_hooks
 from sglang_pd.srt.mem_cache.common import RequestKind
-from sglang_pd.srt.mem_cache.lock_ledger import LockLedger
 from sglang_pd.srt.mem_cache.standalone import paged_tree
+from sglang_pd.srt.state import ProcessKind, build_state, install
 
 
 @dataclass(frozen=True)
@@ -70,7 +71,9 @@ class World:
         self.reqs = [self._req(f"r{i}", systems[i % args.num_systems]
                                + [9_000_000 + i * args.suffix_len + t for t in range(args.suffix_len)])
                      for i in range(args.round_size)]
-        self.admission = DecodePrefixAdmission(LockLedger())
+        self.state = build_state(ProcessKind.SCHEDULER, Settings())  # as a decode scheduler builds it
+        install(self.state)  # the lock hooks record into this world's ledger
+        self.admission = self.state.decode_admission
         self.sizer = PoolSizer(self.tree, self.allocator)  # one sizing rule for both rows
 
     def _cache(self, tokens: list[int]) -> None:
@@ -129,7 +132,7 @@ def run_batched(world: World) -> RoundResult:
     seconds = time.perf_counter() - start
     if len(plan.rids) != len(world.reqs):
         raise RuntimeError(f"batched: only {len(plan.rids)} of {len(world.reqs)} fit the round")
-    return world.result(seconds, rnd.num_evictions, plan.num_evicted_tokens)
+    return world.result(seconds, rnd.snapshot()["num_evictions"], plan.num_evicted_tokens)
 
 
 def measure(args, tree_kind: str) -> dict:
@@ -164,7 +167,12 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.repeats < 1:
         p.error(f"--repeats must be >= 1, got {args.repeats}")
-    results = {tree: measure(args, tree) for tree in args.trees.split(",")}
+    apply_ledger_hooks()  # every lock goes through the LockLedger, as in a server
+    previous = install(None)
+    try:
+        results = {tree: measure(args, tree) for tree in args.trees.split(",")}
+    finally:
+        install(previous)
     print(f"round of {args.round_size} requests, page {args.page_size}, pool {args.pool_tokens} tokens, "
           f"median of {args.repeats}")
     print("| tree | old leaves | per-request ms | batched ms | speedup | evict calls (per-req / batched) "

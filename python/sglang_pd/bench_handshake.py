@@ -24,11 +24,13 @@ from pathlib import Path
 
 import zmq
 
+from sglang_pd.config import Settings
 from sglang_pd.harness.hostile_peer import PeerIdentity, Templates
 from sglang_pd.srt.disaggregation.guarded_socket import GuardedSocket, SigningSocket
 from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits, Side, check_message
 from sglang_pd.srt.disaggregation.handshake_gate import HandshakeGate, PeerRecord
 from sglang_pd.srt.disaggregation.peer_auth import PeerAuth
+from sglang_pd.srt.state import ProcessKind, build_state, current, install, installed
 
 PEER = PeerIdentity("127.0.0.1", 40001, "127.0.0.1:16001")
 KEY = b"bench-secret-0123456789abcdef-0123456789"
@@ -69,6 +71,10 @@ def _pct(values: list[float], q: float) -> float:
     return sorted(values)[min(len(values) - 1, int(q * len(values)))]
 
 
+def _gate_failed(doing: str) -> None:
+    raise RuntimeError(f"handshake gate failed while {doing} (the benchmark's messages are all valid)")
+
+
 def bench_zmq(frames: list[bytes], side: Side, auth: PeerAuth | None, num: int, page_size: int) -> dict:
     """Median / p99 microseconds per message, send to admitted receive, one message in flight."""
     limits = FrameLimits("mooncake", side, page_size, 4096, 4 << 20, aux_item_lens=(64,), aux_slots=(64,))
@@ -77,7 +83,7 @@ def bench_zmq(frames: list[bytes], side: Side, auth: PeerAuth | None, num: int, 
     port = raw_pull.bind_to_random_port("tcp://127.0.0.1")
     raw_push.connect(f"tcp://127.0.0.1:{port}")
     gate = HandshakeGate(limits, _Tables(), auth, None, None)
-    pull = GuardedSocket.around(raw_pull, gate, on_error=lambda: None)
+    pull = GuardedSocket.around(raw_pull, gate, on_error=_gate_failed)
     push = SigningSocket.around(raw_push, auth) if auth else raw_push
     lat = []
     for i in range(num + 200):
@@ -115,11 +121,12 @@ def bench_http(auth: PeerAuth | None, num: int) -> dict:
     """Median / p99 ms of GET /route against SGLang's bootstrap server behind our guard."""
     import requests
 
-    from sglang_pd.harness.server import free_port
-    from sglang_pd.process_state import STATE
     from sglang.srt.disaggregation.common.conn import CommonKVBootstrapServer
 
-    STATE.peer_guard.auth = auth
+    from sglang_pd.harness.server import free_port
+
+    guard = current().peer_guard
+    guard.auth = auth
     server = CommonKVBootstrapServer("127.0.0.1", free_port())
     url = f"http://127.0.0.1:{server.port}"
     session = requests.Session()
@@ -144,7 +151,7 @@ def bench_http(auth: PeerAuth | None, num: int) -> dict:
             lat.append((time.perf_counter() - t0) * 1e3)
         assert resp.status_code == 200, resp.text
     server.close()
-    STATE.peer_guard.auth = None
+    guard.auth = None
     return {"median_ms": statistics.median(lat), "p99_ms": _pct(lat, 0.99), "num": num}
 
 
@@ -152,7 +159,7 @@ def _apply_http_hooks() -> None:
     """The HOOK_TABLE rows of the bootstrap server and the requests client, applied as in a server process."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from sglang_pd.hooks import HOOK_TABLE
+    from sglang_pd.srt.hooks.table import HOOK_TABLE
 
     for spec in HOOK_TABLE:
         if spec.target.endswith(("_setup_routes", "Session.request")):
@@ -161,7 +168,9 @@ def _apply_http_hooks() -> None:
 
 
 def run(num_messages: int, num_http: int, page_size: int, num_pages: int) -> dict:
-    """Every measurement, without and with authentication."""
+    """Every measurement, without and with authentication (in this process's state: built here if none)."""
+    if not installed():
+        install(build_state(ProcessKind.HTTP, Settings.from_env()))
     _apply_http_hooks()
     results = {"config": {"num_messages": num_messages, "num_http": num_http, "page_size": page_size,
                           "num_pages_in_transfer_info": num_pages}, "zmq": {}, "primitives": {}}

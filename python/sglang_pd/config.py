@@ -1,121 +1,228 @@
-"""Every setting of sglang_pd: environment variables under one prefix, declared once, validated once.
+"""Every setting of sglang_pd: environment variables under one prefix, declared once, parsed once.
 
-`validate(environ)` returns one message per bad value, naming the variable; the plugin refuses to
-activate (one log line each) rather than run with a setting it cannot honour. A setting whose failure
-would leave the server less safe than its operator asked for (the peer secret) is `refuse_start`:
-`fatal_problems(environ)` names those, and the plugin then stops the server from starting at all.
+`Settings.from_env()` parses every `SGLANG_PD_*` variable into one frozen object, or raises
+`SettingsError` naming each bad value and each unknown name. `problems()` lists the same messages
+without raising. Each process builds its objects from that one object (`srt/state.py`); nothing
+else reads the environment for a setting of ours. Clients (harness, benchmarks) set these
+variables on servers by the names exported here.
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from pathlib import Path
+from typing import Any, Callable, Mapping
 
 PREFIX = "SGLANG_PD_"
+NIXL_STALL_TIMEOUT_S = f"{PREFIX}NIXL_STALL_TIMEOUT_S"
+ENABLE_FAULT_INJECTION = f"{PREFIX}ENABLE_FAULT_INJECTION"
+RADIX_RESUME = f"{PREFIX}RADIX_RESUME"
+BATCHED_EVICTION = f"{PREFIX}BATCHED_EVICTION"
+MODEL_DIR = f"{PREFIX}MODEL_DIR"
+ITL_TARGET_MS = f"{PREFIX}ITL_TARGET_MS"
+TTFT_TARGET_MS = f"{PREFIX}TTFT_TARGET_MS"
+LOCAL_PREFILL_TOKENS = f"{PREFIX}LOCAL_PREFILL_TOKENS"
+LOCAL_PREFILL_STEP_TOKENS = f"{PREFIX}LOCAL_PREFILL_STEP_TOKENS"
+TEST_LOGS = f"{PREFIX}TEST_LOGS"
+MOONCAKE_MAX_BATCH_DESCRIPTORS = f"{PREFIX}MOONCAKE_MAX_BATCH_DESCRIPTORS"
+PEER_SECRET_FILE = f"{PREFIX}PEER_SECRET_FILE"
+PEER_AUTH_MAX_SKEW_S = f"{PREFIX}PEER_AUTH_MAX_SKEW_S"
+UNCLAIMED_ROOM_TTL_S = f"{PREFIX}UNCLAIMED_ROOM_TTL_S"
 
 
-@dataclass(frozen=True)
-class Setting:
-    """One environment setting."""
+class SettingsError(ValueError):
+    """One or more bad settings; `problems` holds one message per bad value or unknown name."""
 
-    name: str
-    default: str | None
-    help: str
-    check: Callable[[str], str | None]  # returns a problem or None
-    refuse_start: bool = False          # a bad value stops the server instead of deactivating the plugin
+    def __init__(self, problems: list[str]):
+        super().__init__("; ".join(problems))
+        self.problems = problems
 
 
-def _positive(unit: str) -> Callable[[str], str | None]:
-    """A check that the value is a number > 0, its messages naming `unit`."""
-    def check(value: str) -> str | None:
+def _positive(unit: str, scale: float = 1.0) -> Callable[[str], float]:
+    """A parser of a number > 0 in `unit`, returned multiplied by `scale`; messages name `unit`."""
+    def parse(value: str) -> float:
         try:
-            return None if float(value) > 0 else f"must be > 0 {unit}"
+            number = float(value)
         except ValueError:
-            return f"is not a number of {unit}"
+            raise ValueError(f"is not a number of {unit}") from None
+        if not number > 0:
+            raise ValueError(f"must be > 0 {unit}")
+        return number * scale
 
-    return check
-
-
-def _flag(value: str) -> str | None:
-    return None if value in ("0", "1") else "must be 0 or 1"
-
-
-def _path(value: str) -> str | None:
-    return None if value.strip() else "must be a folder path"
+    return parse
 
 
-def _secret_file(value: str) -> str | None:
-    """The peer secret file must hold keys of >= 32 characters; the message never shows its content."""
+def _count(minimum: int) -> Callable[[str], int]:
+    """A parser of a whole number of tokens >= `minimum`."""
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise ValueError("is not a whole number of tokens") from None
+        if number < minimum:
+            raise ValueError(f"must be >= {minimum} tokens")
+        return number
+
+    return parse
+
+
+def _flag(value: str) -> bool:
+    if value not in ("0", "1"):
+        raise ValueError("must be 0 or 1")
+    return value == "1"
+
+
+def _whole(value: str) -> int:
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError("must be a whole number >= 1")
+    return int(value)
+
+
+def _folder(value: str) -> Path:
+    if not value.strip():
+        raise ValueError("must be a folder path")
+    return Path(value)
+
+
+def _secret_file(value: str) -> Path:
+    """A readable file of keys of >= 32 characters; the message names the path, never the content."""
     from sglang_pd.srt.disaggregation.peer_auth import SecretFileError, read_keys
 
     try:
         read_keys(value)
     except SecretFileError as exc:
-        return f"is unusable: {exc}"
-    return None
+        raise ValueError(f"is unusable: {exc}") from None
+    return Path(value)
+
+
+@dataclass(frozen=True)
+class Setting:
+    """One environment setting and the Settings field it fills."""
+
+    name: str
+    field: str
+    default: str | None  # as written in the environment; None: unset means the field's own default
+    help: str
+    parse: Callable[[str], Any]  # raises ValueError with the problem (without the name)
 
 
 SETTINGS: tuple[Setting, ...] = (
-    Setting(f"{PREFIX}NIXL_STALL_TIMEOUT_S", "60",
+    Setting(NIXL_STALL_TIMEOUT_S, "nixl_stall_timeout_s", "60",
             "seconds after which an unfinished NIXL transfer is failed (its lock and pages released)",
             _positive("seconds")),
-    Setting(f"{PREFIX}ENABLE_FAULT_INJECTION", "0",
+    Setting(ENABLE_FAULT_INJECTION, "fault_injection", "0",
             "1 mounts POST /sglang_pd/faults and accepts test faults; never set it in production", _flag),
-    Setting(f"{PREFIX}RADIX_RESUME", "1",
+    Setting(RADIX_RESUME, "radix_resume", "1",
             "1: a resumed retracted decode request re-matches the radix tree and restores only the uncached"
             " part; 0: SGLang's full restore", _flag),
-    Setting(f"{PREFIX}BATCHED_EVICTION", "1",
+    Setting(BATCHED_EVICTION, "batched_eviction", "1",
             "1: decode plans each admission round at once and evicts once for it; 0: SGLang's per-request"
             " eviction", _flag),
-    Setting(f"{PREFIX}MODEL_DIR", None,
-            "where built-in model folders are written (default ~/.cache/sglang_pd/models)", _path),
+    Setting(MODEL_DIR, "model_dir", None,
+            "where built-in model folders are written (default ~/.cache/sglang_pd/models)", _folder),
     # SLO-aware decode admission (srt/disaggregation/slo_controller.py); unset = upstream behaviour.
-    Setting(f"{PREFIX}ITL_TARGET_MS", None,
+    Setting(ITL_TARGET_MS, "itl_target_s", None,
             "decode: target inter-token latency (ms); waiting requests join the running batch only while "
-            "the learned step time stays within it (an empty batch always takes one)", _positive("milliseconds")),
-    Setting(f"{PREFIX}TTFT_TARGET_MS", None,
+            "the learned step time stays within it (an empty batch always takes one)",
+            _positive("milliseconds", 1e-3)),
+    Setting(TTFT_TARGET_MS, "ttft_target_s", None,
             "decode: refuse a new request at once (HTTP 503 + Retry-After) when its predicted time to "
-            "first token exceeds this many ms", _positive("milliseconds")),
+            "first token exceeds this many ms", _positive("milliseconds", 1e-3)),
+    # Decode-local prefill (srt/disaggregation/local_prefill.py); 0 = off = every request goes to prefill.
+    Setting(LOCAL_PREFILL_TOKENS, "local_prefill_tokens", "0",
+            "decode: when at most this many prompt tokens are missing from the decode radix tree, decode "
+            "computes them itself and tells prefill to drop the request (0 = off)", _count(0)),
+    Setting(LOCAL_PREFILL_STEP_TOKENS, "local_prefill_step_tokens", "256",
+            "decode: at most this many local-prefill tokens run between two decode steps (protects ITL); "
+            f"must be >= {LOCAL_PREFILL_TOKENS}", _count(1)),
+    Setting(MOONCAKE_MAX_BATCH_DESCRIPTORS, "mooncake_max_batch_descriptors", "512",
+            "mooncake: a transfer batch with more descriptors is sent as consecutive batches of at most this "
+            "many (its TCP transport refuses a batch over its per-peer queue limit: ~2,048 here)", _whole),
     # Hostile peers (srt/disaggregation/peer_auth.py, handshake_gate.py); README "Security model".
-    Setting(f"{PREFIX}PEER_SECRET_FILE", None,
+    Setting(PEER_SECRET_FILE, "peer_secret_file", None,
             "path of a file holding the PD deployment's shared secret (one key per line, >= 32 characters; the "
             "first signs, all verify: rotation). Every handshake message and bootstrap request is then "
             "authenticated (HMAC-SHA256, timestamp + nonce). Same file on every PD server; unset: peers are "
-            "not authenticated (one warning at start-up)", _secret_file, refuse_start=True),
-    Setting(f"{PREFIX}PEER_AUTH_MAX_SKEW_S", "30",
+            "not authenticated (one warning at start-up)", _secret_file),
+    Setting(PEER_AUTH_MAX_SKEW_S, "peer_auth_max_skew_s", "30",
             "seconds a signed handshake message stays acceptable (clocks of PD servers must agree within it)",
-            _positive("seconds"), refuse_start=True),
-    Setting(f"{PREFIX}UNCLAIMED_ROOM_TTL_S", "120",
+            _positive("seconds")),
+    Setting(UNCLAIMED_ROOM_TTL_S, "unclaimed_room_ttl_s", "120",
             "prefill: seconds a room's transfer infos are kept while no local request claims the room",
             _positive("seconds")),
+    Setting(TEST_LOGS, "test_logs", None,
+            "tests only: folder where the integration tier keeps server logs (default /tmp/sglang_pd-test-logs)",
+            _folder),
 )
 
 
-def validate(environ: Mapping[str, str] | None = None) -> list[str]:
-    """Problems with the settings in `environ` (default os.environ), one message each; [] if fine."""
-    env = os.environ if environ is None else environ
+@dataclass(frozen=True)
+class Settings:
+    """The parsed settings of one process (defaults = every variable unset)."""
+
+    nixl_stall_timeout_s: float = 60.0
+    fault_injection: bool = False
+    radix_resume: bool = True
+    batched_eviction: bool = True
+    model_dir: Path | None = None
+    itl_target_s: float | None = None
+    ttft_target_s: float | None = None
+    local_prefill_tokens: int = 0
+    local_prefill_step_tokens: int = 256
+    mooncake_max_batch_descriptors: int = 512
+    peer_secret_file: Path | None = None
+    peer_auth_max_skew_s: float = 30.0
+    unclaimed_room_ttl_s: float = 120.0
+    test_logs: Path | None = None
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str] | None = None) -> "Settings":
+        """Parse `environ` (default os.environ); raises SettingsError naming every problem."""
+        values, problems = _parse(os.environ if environ is None else environ)
+        if problems:
+            raise SettingsError(problems)
+        return cls(**values)
+
+    @property
+    def models_root(self) -> Path:
+        """Where built-in model folders are written: model_dir, else ~/.cache/sglang_pd/models."""
+        return self.model_dir or Path.home() / ".cache" / "sglang_pd" / "models"
+
+
+def _parse(env: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
+    values: dict[str, Any] = {}
+    problems: list[str] = []
+    for setting in SETTINGS:
+        raw = env.get(setting.name, setting.default)
+        if raw is None:
+            continue
+        try:
+            values[setting.field] = setting.parse(raw)
+        except ValueError as exc:
+            problems.append(f"{setting.name}={raw!r} {exc}")
+    problems += _conflicts(values, env)
     known = {s.name for s in SETTINGS}
-    problems = [f"{s.name}={env[s.name]!r} {msg}" for s in SETTINGS
-                if s.name in env and (msg := s.check(env[s.name]))]
     problems += [f"{name} is not a sglang_pd setting (known: {', '.join(sorted(known))})"
                  for name in env if name.startswith(PREFIX) and name not in known]
+    return values, problems
+
+
+def _conflicts(values: dict[str, Any], env: Mapping[str, str]) -> list[str]:
+    """Settings that are fine alone but not together, one message naming both."""
+    problems = []
+    if values.get("peer_secret_file") and env.get("SGLANG_DISAGG_STAGING_BUFFER", "").lower() in ("1", "true"):
+        problems.append(f"{PEER_SECRET_FILE} cannot be combined with SGLANG_DISAGG_STAGING_BUFFER=1: SGLang sends "
+                        "staging requests on sockets sglang_pd does not sign")
+    threshold = values.get("local_prefill_tokens", 0)
+    step = values.get("local_prefill_step_tokens", Settings.local_prefill_step_tokens)
+    if threshold > step:
+        problems.append(f"{LOCAL_PREFILL_TOKENS}={threshold} exceeds {LOCAL_PREFILL_STEP_TOKENS}={step}: a request's "
+                        "uncached tokens run in one local extend, which must fit one step's budget")
     return problems
 
 
-def fatal_problems(environ: Mapping[str, str] | None = None) -> list[str]:
-    """Problems that must stop the server from starting (bad refuse_start settings; see module doc)."""
-    env = os.environ if environ is None else environ
-    problems = [f"{s.name}={env[s.name]!r} {msg}" for s in SETTINGS
-                if s.refuse_start and s.name in env and (msg := s.check(env[s.name]))]
-    if env.get(f"{PREFIX}PEER_SECRET_FILE") and env.get("SGLANG_DISAGG_STAGING_BUFFER", "").lower() in ("1", "true"):
-        problems.append(f"{PREFIX}PEER_SECRET_FILE cannot be combined with SGLANG_DISAGG_STAGING_BUFFER=1: SGLang "
-                        "sends staging requests on sockets sglang_pd does not sign")
-    return problems
+def problems(environ: Mapping[str, str] | None = None) -> list[str]:
+    """Problems with the settings in `environ` (default os.environ), one message each; [] if fine."""
+    return _parse(os.environ if environ is None else environ)[1]
 
-
-def enabled(name: str, environ: Mapping[str, str] | None = None) -> bool:
-    """The 0/1 flag setting `name` (full name, e.g. SGLANG_PD_RADIX_RESUME) with its declared default."""
-    env = os.environ if environ is None else environ
-    default = next(s.default for s in SETTINGS if s.name == name)
-    return env.get(name, default) == "1"

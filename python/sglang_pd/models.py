@@ -8,8 +8,10 @@ send `input_ids` and servers run with `--skip-tokenizer-init`.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
+
+from sglang_pd.config import Settings
+from sglang_pd.real_model import ensure_smollm2_dir
 
 _BASE = {
     "architectures": ["LlamaForCausalLM"],
@@ -47,9 +49,8 @@ def model_config(name: str) -> dict:
 
 
 def models_root() -> Path:
-    """Where model folders are written: $SGLANG_PD_MODEL_DIR or ~/.cache/sglang_pd/models."""
-    env = os.environ.get("SGLANG_PD_MODEL_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "sglang_pd" / "models"
+    """Where model folders are written ($SGLANG_PD_MODEL_DIR or ~/.cache/sglang_pd/models)."""
+    return Settings.from_env().models_root
 
 
 def is_real_model(name: str) -> bool:
@@ -60,9 +61,7 @@ def is_real_model(name: str) -> bool:
 def ensure_model_dir(name: str = DEFAULT_MODEL) -> Path:
     """The folder of built-in model `name`: a written config (dummy weights) or a converted real model."""
     if is_real_model(name):
-        from sglang_pd.real_model import ensure_smollm2_dir
-
-        return ensure_smollm2_dir()
+        return ensure_smollm2_dir(models_root())
     config = model_config(name)
     folder = models_root() / f"llama-{name}"
     folder.mkdir(parents=True, exist_ok=True)

@@ -1,13 +1,15 @@
 """SGLang plugin entry point (entry-point group `sglang.srt.plugins`, name `sglang_pd`).
 
 SGLang calls `register()` in every process it starts (HTTP server, each scheduler, detokenizer,
-DP controller). We register only the HOOK_TABLE rows meant for the current process; SGLang's
-`HookRegistry.apply_hooks()` then patches them. On any SGLang version other than the pinned one,
-we log one line and register nothing, so an upgrade cannot silently run half-patched.
+DP controller). We parse the settings once, build this process's objects (`srt/state.py`) and register
+only the hook-table rows meant for this process; SGLang's `HookRegistry.apply_hooks()` then patches
+them. On any SGLang version other than the pinned one we log one line and register nothing, so an
+upgrade cannot silently run half-patched. A bad or unknown `SGLANG_PD_*` setting stops the process at
+start with one line naming it: a server must not run without the guards its operator configured.
 
-Peer authentication is fail-closed: with SGLANG_PD_PEER_SECRET_FILE set, a secret the plugin cannot
-use, or a plugin that cannot activate, stops the server (SystemExit) instead of letting it serve
-unauthenticated. Without the setting, the HTTP process logs one warning naming the risk.
+Peer authentication is fail-closed: with SGLANG_PD_PEER_SECRET_FILE set, a plugin that cannot activate
+(other SGLang version) stops the server instead of letting it serve unauthenticated. Without the
+setting, the HTTP process logs one warning naming the risk.
 """
 
 from __future__ import annotations
@@ -17,10 +19,11 @@ import sys
 from importlib.metadata import PackageNotFoundError, version
 
 import sglang_pd
-from sglang_pd.config import fatal_problems
-from sglang_pd.config import validate as validate_settings
-from sglang_pd.process_state import STATE, ProcessKind, detect_process_kind
-from sglang_pd.srt.disaggregation.peer_guard import SECRET_ENV, UNAUTHENTICATED_WARNING, load_auth
+from sglang_pd.config import PEER_SECRET_FILE, Settings, SettingsError
+from sglang_pd.srt.disaggregation.peer_guard import UNAUTHENTICATED_WARNING
+from sglang_pd.srt import state as process_state
+
+refused_reason: str | None = None  # why this process runs without the plugin (None: active or not loaded)
 
 
 def _log(line: str) -> None:
@@ -36,53 +39,46 @@ def installed_sglang_version() -> str | None:
         return None
 
 
-def _refuse_start(problems: list[str]) -> None:
-    for problem in problems:
-        _log(f"refusing to start: {problem}")
-    raise SystemExit("sglang_pd: refusing to start: " + "; ".join(problems))
-
-
-def _stay_inactive(reason: str) -> None:
-    """Not activating is acceptable, unless peers were meant to be authenticated (fail closed)."""
-    STATE.refused_reason = reason
-    if os.environ.get(SECRET_ENV):
-        _refuse_start([f"{SECRET_ENV} is set but the plugin cannot activate ({reason})"])
+def _refuse(reason: str) -> None:
+    global refused_reason
+    refused_reason = reason
+    _log(reason)
 
 
 def register() -> None:
-    """Register this process's hooks with SGLang's HookRegistry (idempotent per process)."""
-    if STATE.kind is not None:
+    """Build this process's state and register its hooks with SGLang's HookRegistry (once per process)."""
+    if refused_reason is not None or process_state.installed():
         return
-    STATE.kind = detect_process_kind()
-    fatal = fatal_problems()
-    if fatal:
-        _refuse_start(fatal)
+    kind = process_state.detect_process_kind()
     found = installed_sglang_version()
     if found != sglang_pd.SUPPORTED_SGLANG_VERSION:
-        reason = (f"sglang_pd {sglang_pd.__version__} requires sglang=={sglang_pd.SUPPORTED_SGLANG_VERSION}, "
-                  f"found {found}; plugin NOT active")
-        _log(reason)
-        _stay_inactive(reason)
+        _refuse(f"sglang_pd {sglang_pd.__version__} requires sglang=={sglang_pd.SUPPORTED_SGLANG_VERSION}, "
+                f"found {found}; plugin NOT active")
+        if os.environ.get(PEER_SECRET_FILE):
+            _log(f"refusing to start: {PEER_SECRET_FILE} is set but the plugin cannot activate")
+            raise SystemExit(2)
         return
-    problems = validate_settings()
-    if problems:
-        for problem in problems:
-            _log(f"bad setting: {problem}")
-        _log("plugin NOT active")
-        _stay_inactive("bad settings: " + "; ".join(problems) + "; plugin NOT active")
-        return
-    STATE.peer_guard.auth = load_auth()
-    if STATE.kind is ProcessKind.HTTP:
-        _log(f"WARNING: {UNAUTHENTICATED_WARNING}" if STATE.peer_guard.auth is None else
-             f"PD peers authenticated (HMAC-SHA256; key ids {', '.join(STATE.peer_guard.auth.key_ids)})")
+    try:
+        settings = Settings.from_env()
+    except SettingsError as exc:
+        _refuse("refusing to start: bad setting: " + "; ".join(exc.problems))
+        raise SystemExit(2) from None  # the line above says why
 
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
-    from sglang_pd.hooks import hooks_for
+    from sglang_pd.srt.hooks.table import hooks_for, registrations_for
 
-    specs = hooks_for(STATE.kind)
-    for spec in specs:
+    state = process_state.build_state(kind, settings)
+    process_state.install(state)
+    if kind is process_state.ProcessKind.HTTP:
+        auth = state.peer_guard.auth
+        _log(f"WARNING: {UNAUTHENTICATED_WARNING}" if auth is None else
+             f"PD peers authenticated (HMAC-SHA256; key ids {', '.join(auth.key_ids)})")
+    for spec in hooks_for(kind):
         HookRegistry.register(spec.target, spec.fn, HookType[spec.hook_type])
-        STATE.applied_hooks.append(f"{spec.hook_type} {spec.target}")
-    _log(f"sglang_pd {sglang_pd.__version__} active in {STATE.kind.value} process; hooks: "
-         + (", ".join(STATE.applied_hooks) or "none"))
+        state.applied_hooks.append(f"{spec.hook_type} {spec.target}")
+    for entry in registrations_for(kind):
+        entry.add()
+        state.applied_hooks.append(f"REGISTER {entry.target}")
+    _log(f"sglang_pd {sglang_pd.__version__} active in {kind.value} process; hooks: "
+         + (", ".join(state.applied_hooks) or "none"))

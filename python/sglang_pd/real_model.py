@@ -15,7 +15,7 @@ import json
 from importlib import metadata
 from pathlib import Path
 
-from sglang_pd.models import models_root
+from sglang_pd.config import Settings
 
 NAME = "smollm2"
 _STAMP = "sglang_pd_converted.json"
@@ -71,9 +71,9 @@ def _done(stamp: Path) -> bool:
         return False
 
 
-def ensure_smollm2_dir() -> Path:
-    """Return the converted model folder, converting on first use (idempotent, process-safe)."""
-    folder = models_root() / "smollm2-135m-instruct"
+def ensure_smollm2_dir(models_root: Path) -> Path:
+    """The converted model folder under `models_root`, converted on first use (idempotent, process-safe)."""
+    folder = models_root / "smollm2-135m-instruct"
     stamp = folder / _STAMP
     if _done(stamp):
         return folder
@@ -88,4 +88,4 @@ def ensure_smollm2_dir() -> Path:
 
 
 if __name__ == "__main__":
-    print(ensure_smollm2_dir())
+    print(ensure_smollm2_dir(Settings.from_env().models_root))

@@ -28,6 +28,7 @@ class WorkloadConfig:
     system_len: int = 512
     first_question_len: int = 32
     question_len: int = 16
+    question_len_max: int = 0       # > question_len: later questions' lengths drawn in [question_len, this]
     max_new_tokens: int = 32
     concurrency: int = 8            # conversations in flight at once
     request_rate: float = 0.0       # conversation starts per second (Poisson); 0 = all at once
@@ -40,6 +41,9 @@ class WorkloadConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.request_rate < 0:
             raise ValueError(f"request_rate must be >= 0, got {self.request_rate}")
+        if self.question_len_max and self.question_len_max < self.question_len:
+            raise ValueError(f"question_len_max ({self.question_len_max}) must be 0 or >= question_len "
+                             f"({self.question_len})")
 
 
 @dataclass
@@ -61,9 +65,15 @@ def system_prompt(cfg: WorkloadConfig) -> list[int]:
 
 
 def questions(cfg: WorkloadConfig, client: int) -> list[list[int]]:
-    """The user turns of one client, one list per round."""
+    """The user turns of one client, one list per round (seeded: the same config, the same tokens)."""
     rng = random.Random(cfg.seed * 1_000_003 + client + 1)
-    return [_tokens(rng, cfg.first_question_len if r == 0 else cfg.question_len) for r in range(cfg.num_rounds)]
+
+    def length(rnd: int) -> int:
+        if rnd == 0:
+            return cfg.first_question_len
+        return rng.randint(cfg.question_len, cfg.question_len_max) if cfg.question_len_max else cfg.question_len
+
+    return [_tokens(rng, length(r)) for r in range(cfg.num_rounds)]
 
 
 Send = Callable[[list[int], int], StreamResult]

@@ -19,8 +19,10 @@ def percentile(values: Sequence[float], q: float) -> float:
 
 
 def summarize(records: list[RequestRecord], duration_s: float, transfer: dict) -> dict:
-    """Figures of one configuration. `transfer`: prefill counter deltas (pages, bytes)."""
+    """Figures of one configuration. `transfer`: prefill counter deltas (pages, bytes, computed tokens,
+    declined requests and the tokens prefill had computed for them)."""
     ok = [r.result for r in records if r.result.ok]
+    local = [r for r in ok if r.meta_info.get("decode_prefill_path") == "decode_local"]
     ttft = [r.ttft_s for r in ok]
     itl = [g for r in ok for g in r.itl_s]
     prompt_tokens = sum(r.prompt_len for r in ok)
@@ -45,6 +47,11 @@ def summarize(records: list[RequestRecord], duration_s: float, transfer: dict) -
         "prompt_tokens": prompt_tokens, "decode_hit_tokens": hit_tokens,
         "decode_hit_rate": hit_tokens / prompt_tokens if prompt_tokens else 0.0,
         "kv_pages_transferred": transfer.get("pages", 0), "kv_bytes_transferred": transfer.get("bytes", 0),
+        "prefill_computed_tokens": transfer.get("computed_tokens", 0),
+        "prefill_declined": transfer.get("declined", 0),
+        "prefill_declined_computed_tokens": transfer.get("declined_computed_tokens", 0),
+        "local_requests": len(local),
+        "local_prefill_tokens": sum(int(r.meta_info.get("decode_local_prefill_tokens", 0) or 0) for r in local),
         "duration_s": duration_s, "per_round": per_round,
     }
 
@@ -59,8 +66,18 @@ ROWS = [
     ("decode_hit_rate", "decode hit rate", "{:.3f}", None),
     ("kv_pages_transferred", "KV pages transferred", "{:.0f}", "down"),
     ("kv_bytes_transferred", "KV bytes transferred", "{:.0f}", "down"),
+    ("prefill_computed_tokens", "prefill tokens computed (prefill's counter)", "{:.0f}", "down"),
     ("failed", "failed requests", "{:.0f}", None),
 ]
+# Shown when some configuration served requests with decode-local prefill.
+LOCAL_ROWS = [
+    ("local_requests", "requests served decode-locally", "{:.0f}", None),
+    ("local_prefill_tokens", "prompt tokens computed on decode", "{:.0f}", None),
+    ("prefill_declined", "prefill halves declined", "{:.0f}", None),
+    ("prefill_declined_computed_tokens", "prefill tokens computed for declined requests", "{:.0f}", None),
+]
+# Gain columns, when both configurations ran: (baseline, compared).
+GAINS = [("off", "on"), ("on", "on+local")]
 # Shown when the run was scored against SLO targets (bench/slo.py).
 SLO_ROWS = [
     ("rejected", "rejected requests (503, retried)", "{:.0f}", None),
@@ -77,16 +94,17 @@ def _ratio(off: float, on: float, direction: str | None) -> str:
 
 
 def format_table(results: dict[str, dict]) -> str:
-    """Markdown table, one column per configuration, plus the OFF vs ON gain when both ran."""
+    """Markdown table, one column per configuration, plus a gain column per GAINS pair that ran."""
     names = list(results)
-    both = "off" in results and "on" in results
-    head = "| metric | " + " | ".join(names) + (" | gain (ON vs OFF) |" if both else " |")
-    lines = [head, "|" + "---|" * (len(names) + 1 + int(both))]
+    gains = [(base, other) for base, other in GAINS if base in results and other in results]
+    head = "| metric | " + " | ".join(names + [f"gain ({other} vs {base})" for base, other in gains]) + " |"
+    lines = [head, "|" + "---|" * (len(names) + 1 + len(gains))]
     rows = ROWS + (SLO_ROWS if all("slo_attainment" in r for r in results.values()) else [])
+    rows += LOCAL_ROWS if any(r.get("local_requests") for r in results.values()) else []
     for key, label, fmt, direction in rows:
-        cells = [fmt.format(results[n][key]) for n in names]
-        gain = [_ratio(results["off"][key], results["on"][key], direction)] if both else []
-        lines.append(f"| {label} | " + " | ".join(cells + gain) + " |")
+        cells = [fmt.format(results[n].get(key, 0)) for n in names]
+        cells += [_ratio(results[base].get(key, 0), results[other].get(key, 0), direction) for base, other in gains]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
@@ -113,6 +131,23 @@ def plot(results: dict[str, dict], path: str) -> None:
     for ax in (ax1, ax2):
         ax.legend()
         ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def plot_summary(results: dict[str, dict], path: str) -> None:
+    """PNG: TTFT p50, ITL p50 and request throughput side by side, one bar per configuration."""
+    plt = pyplot()
+    names = list(results)
+    panels = (("ttft_p50_s", "TTFT p50 (s)"), ("itl_p50_ms", "ITL p50 (ms)"), ("request_throughput", "requests / s"))
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 4))
+    for ax, (key, title) in zip(axes, panels):
+        bars = ax.bar(names, [results[n][key] for n in names], color=[f"C{i}" for i in range(len(names))])
+        ax.bar_label(bars, fmt="%.3g", fontsize=8)
+        ax.set(title=title)
+        ax.tick_params(axis="x", labelrotation=20)
+        ax.grid(alpha=0.3, axis="y")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)

@@ -1,8 +1,10 @@
 """SLO side of the multi-turn benchmark: configurations to compare, SLO attainment, goodput, plots.
 
 A configuration name is `off` or `on` (decode radix cache) optionally followed by `+itl` (decode
-admission under SGLANG_PD_ITL_TARGET_MS) and `+reject` (early rejection under
-SGLANG_PD_TTFT_TARGET_MS), e.g. `off,on,on+itl,on+itl+reject`. A request meets the SLO when it
+admission under SGLANG_PD_ITL_TARGET_MS), `+reject` (early rejection under SGLANG_PD_TTFT_TARGET_MS),
+`+shared` (decode attention sglang_pd_shared_prefix instead of torch_native) and `+local` (decode-local
+prefill under SGLANG_PD_LOCAL_PREFILL_TOKENS), e.g. `off,on,on+itl+reject,on+shared,on+local+shared`.
+A request meets the SLO when it
 completed, its TTFT <= the TTFT target and its mean inter-token gap (TPOT) <= the ITL target; a
 refused request (503) never does. Goodput = requests meeting the SLO per second of the run.
 """
@@ -13,9 +15,10 @@ import statistics
 from dataclasses import dataclass
 
 from sglang_pd.bench.report import pyplot
-from sglang_pd.srt.disaggregation.slo_controller import ITL_ENV, TTFT_ENV
+from sglang_pd.config import ITL_TARGET_MS as ITL_ENV, LOCAL_PREFILL_TOKENS as LOCAL_ENV, TTFT_TARGET_MS as TTFT_ENV
 
-_FEATURES = ("itl", "reject")
+_FEATURES = ("itl", "reject", "shared", "local")
+SHARED_BACKEND = "sglang_pd_shared_prefix"  # srt/hooks/attention_backend.BACKEND_NAME (a unit test ties them)
 
 
 @dataclass(frozen=True)
@@ -25,6 +28,7 @@ class BenchConfig:
     name: str
     decode_radix: bool
     env: tuple[tuple[str, str], ...] = ()
+    decode_attention_backend: str = "torch_native"
 
 
 @dataclass(frozen=True)
@@ -41,13 +45,15 @@ class SloTargets:
         return " and ".join(parts) or "no SLO"
 
 
-def parse_configs(text: str, itl_target_ms: float | None, ttft_target_ms: float | None) -> list[BenchConfig]:
+def parse_configs(text: str, itl_target_ms: float | None, ttft_target_ms: float | None,
+                  local_prefill_tokens: int | None = None) -> list[BenchConfig]:
     """Configurations from `off,on,on+itl,...`; raises ValueError naming what is wrong or missing."""
     configs = []
     for name in [n.strip() for n in text.split(",") if n.strip()]:
         base, *features = name.split("+")
         if base not in ("off", "on") or any(f not in _FEATURES for f in features):
-            raise ValueError(f"unknown configuration {name!r}: use off|on, then optional +itl, +reject")
+            raise ValueError(f"unknown configuration {name!r}: use off|on, then optional +itl, +reject, +shared, "
+                             "+local")
         env = []
         if "itl" in features:
             if itl_target_ms is None:
@@ -57,7 +63,13 @@ def parse_configs(text: str, itl_target_ms: float | None, ttft_target_ms: float 
             if ttft_target_ms is None:
                 raise ValueError(f"configuration {name!r} needs --ttft-target-ms")
             env.append((TTFT_ENV, f"{ttft_target_ms:g}"))
-        configs.append(BenchConfig(name, base == "on", tuple(env)))
+        if "local" in features:
+            if base != "on" or not local_prefill_tokens:
+                raise ValueError(f"configuration {name!r} needs the decode radix cache (on) and "
+                                 "--local-prefill-tokens > 0")
+            env.append((LOCAL_ENV, str(local_prefill_tokens)))
+        backend = SHARED_BACKEND if "shared" in features else "torch_native"
+        configs.append(BenchConfig(name, base == "on", tuple(env), backend))
     if not configs:
         raise ValueError("no configuration given")
     return configs

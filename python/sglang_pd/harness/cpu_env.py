@@ -36,9 +36,11 @@ def server_env(base: dict | None = None) -> dict:
     return env
 
 
-def cpu_server_args() -> list[str]:
-    """SGLang flags every CPU server needs (fp32: fp16 matmul is ~50x slower on these CPUs)."""
+def cpu_server_args(attention_backend: str = "torch_native") -> list[str]:
+    """SGLang flags every CPU server needs (fp32: fp16 matmul is ~50x slower on these CPUs).
+
+    `attention_backend`: torch_native, or sglang_pd_shared_prefix (which wraps it) on decode."""
     if not is_cpu_only():
         return []
-    return ["--device", "cpu", "--attention-backend", "torch_native", "--dtype", "float32",
+    return ["--device", "cpu", "--attention-backend", attention_backend, "--dtype", "float32",
             "--sleep-on-idle"]

@@ -16,7 +16,7 @@ from sglang_pd.harness.cpu_env import cpu_server_args, server_env
 from sglang_pd.harness.server import ServerProcess, ServerStartError, free_port
 from sglang_pd.launch_router import wait_registered
 from sglang_pd.models import DEFAULT_MODEL, ensure_model_dir, is_real_model
-from sglang_pd.srt.fault_injection import ENABLE_ENV as FAULT_ENV
+from sglang_pd.config import ENABLE_FAULT_INJECTION
 
 TRANSFER_BACKENDS = ("mooncake_tcp", "nixl")
 
@@ -43,6 +43,7 @@ class DeploymentConfig:
     fault_injection: bool = False  # mount POST /sglang_pd/faults (tests only)
     enable_metrics: bool = True    # SGLang's /metrics (with sglang_pd:* metrics) on every server
     env_overrides: tuple[tuple[str, str], ...] = field(default_factory=tuple)
+    decode_attention_backend: str = "torch_native"  # or sglang_pd_shared_prefix (decode servers only)
 
     def __post_init__(self):
         if self.transfer_backend not in TRANSFER_BACKENDS:
@@ -55,6 +56,17 @@ def router_metrics_args() -> list[str]:
     """sglang-router exports Prometheus on a fixed default port (29000, all interfaces): give each
     router its own loopback port so several can run on one host."""
     return ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+
+
+def _recorded_faults(report: dict) -> dict:
+    """Hook errors and double / unknown lock releases a scheduler report shows (empty when none)."""
+    ledger = report.get("lock_ledger") or {}
+    found = {"hook_errors": report.get("hook_errors"),
+             "double_releases": ledger.get("num_double_releases"),
+             "unknown_releases": ledger.get("num_unknown_releases")}
+    if "error" in report:
+        found["snapshot_error"] = report["error"]
+    return {k: v for k, v in found.items() if v}
 
 
 def new_bootstrap_room(rng: random.Random | None = None) -> int:
@@ -72,7 +84,7 @@ class PDDeployment:
         self.bootstrap_port = free_port()
         self.env = server_env()
         if config.fault_injection:
-            self.env[FAULT_ENV] = "1"
+            self.env[ENABLE_FAULT_INJECTION] = "1"
         self.env.update(dict(config.env_overrides))
         self.prefill = self._server("prefill", self._prefill_args())
         self.decodes = [self._server(f"decode{i}", self._decode_args()) for i in range(config.num_decode)]
@@ -80,11 +92,12 @@ class PDDeployment:
         self.router: ServerProcess | None = None
 
     # ---- argv -------------------------------------------------------------------------------------
-    def _common_args(self, max_total_tokens: int) -> list[str]:
+    def _common_args(self, max_total_tokens: int, attention_backend: str = "torch_native") -> list[str]:
         weights = [] if is_real_model(self.config.model) else ["--load-format", "dummy", "--skip-tokenizer-init"]
         return ["--model-path", str(self.model_dir), *weights, "--host", "127.0.0.1", "--page-size", str(self.config.page_size),
                 "--max-total-tokens", str(max_total_tokens), "--log-level", "warning",
-                *(["--enable-metrics"] if self.config.enable_metrics else []), *cpu_server_args()]
+                *(["--enable-metrics"] if self.config.enable_metrics else []),
+                *cpu_server_args(attention_backend)]
 
     def _prefill_args(self) -> list[str]:
         return [*self._common_args(self.config.prefill_max_total_tokens), "--disaggregation-mode", "prefill",
@@ -95,7 +108,8 @@ class PDDeployment:
     def _decode_args(self) -> list[str]:
         radix = (["--disaggregation-decode-enable-radix-cache"] if self.config.decode_radix
                  else ["--disaggregation-decode-retraction-backup", "cpu_tensor"])
-        return [*self._common_args(self.config.decode_max_total_tokens), "--disaggregation-mode", "decode",
+        return [*self._common_args(self.config.decode_max_total_tokens, self.config.decode_attention_backend),
+                "--disaggregation-mode", "decode",
                 "--disaggregation-transfer-backend", self.config.transfer_backend,
                 "--num-reserved-decode-tokens", str(self.config.num_reserved_decode_tokens),
                 *radix, *self.config.extra_decode_args]
@@ -222,17 +236,17 @@ class PDDeployment:
             return fp.result(), fd.result(), pairing["bootstrap_room"]
 
     def generate_pd(self, input_ids: list[int], max_new_tokens: int = 8, decode_index: int = 0,
-                    room: int | None = None, timeout: float = 300) -> tuple[dict, dict, int]:
+                    room: int | None = None, timeout: float = 300, **extra) -> tuple[dict, dict, int]:
         """Send the request to prefill and decode paired by a bootstrap room, as a router does.
 
-        Returns (prefill_body, decode_body, room).
+        `extra` goes into both bodies (e.g. `rid`). Returns (prefill_body, decode_body, room).
         """
         pairing = self.pairing(room)
         room = pairing["bootstrap_room"]
         with cf.ThreadPoolExecutor(2) as pool:
-            fp = pool.submit(self.generate, self.prefill.url, input_ids, max_new_tokens, timeout, **pairing)
+            fp = pool.submit(self.generate, self.prefill.url, input_ids, max_new_tokens, timeout, **pairing, **extra)
             fd = pool.submit(self.generate, self.decodes[decode_index].url, input_ids, max_new_tokens,
-                             timeout, **pairing)
+                             timeout, **pairing, **extra)
             return fp.result(), fd.result(), room
 
     @staticmethod
@@ -267,17 +281,21 @@ class PDDeployment:
     def wait_clean(self, timeout_s: float = 90.0, servers: list[ServerProcess] | None = None) -> dict[str, dict]:
         """Wait until every PD server (or `servers`) is idle with a passing integrity check.
 
-        Returns their reports; raises AssertionError with the last reports if time runs out.
+        Also required, at once (they never go back down): no hook error, no double and no unknown lock
+        release on any server. Returns their reports; raises AssertionError naming what is not clean.
         """
         deadline = time.monotonic() + timeout_s
         servers = servers or [self.prefill, *self.decodes]
         while True:
             reports = {s.name: self.scheduler_state(s) for s in servers}
+            faults = {n: problems for n, r in reports.items() if (problems := _recorded_faults(r))}
+            if faults:
+                raise AssertionError(f"plugin faults recorded: {faults}")
             if all((r.get("integrity") or {}).get("idle") and r["integrity"]["ok"] for r in reports.values()):
                 return reports
             if time.monotonic() > deadline:
-                summary = {n: {"integrity": r.get("integrity"), "lock_ledger": r.get("lock_ledger")}
-                           for n, r in reports.items()}
+                summary = {n: {"integrity": r.get("integrity"), "lock_ledger": r.get("lock_ledger"),
+                               "queues": r.get("queues")} for n, r in reports.items()}
                 raise AssertionError(f"deployment not clean after {timeout_s}s: {summary}")
             time.sleep(0.5)
 

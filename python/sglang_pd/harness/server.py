@@ -84,18 +84,36 @@ class ServerProcess:
                                        f"{log_tail(self.log_path)}")
             time.sleep(1.0)
 
-    def stop(self, grace_s: float = 20.0) -> None:
-        """SIGTERM this process group, SIGKILL it after `grace_s`; safe to call twice."""
+    def stop(self, grace_s: float = 20.0) -> bool:
+        """SIGTERM this process group, SIGKILL it after `grace_s`; safe to call twice.
+
+        Returns True when the process exited within the grace period on its own (or was not running).
+        """
         if self.proc is None or self.proc.poll() is not None:
             self._kill_group(signal.SIGKILL)  # reap stragglers a dead leader may have left
-            return
+            return True
         self._kill_group(signal.SIGTERM)
         try:
             self.proc.wait(timeout=grace_s)
+            graceful = True
         except subprocess.TimeoutExpired:
-            pass
+            graceful = False
         self._kill_group(signal.SIGKILL)
         self.proc.wait(timeout=10)
+        return graceful
+
+    def kill(self) -> None:
+        """SIGKILL this process group at once (a crash, as far as peers can tell) and reap it."""
+        if self.proc is not None:
+            self._kill_group(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def restart(self, deadline: float) -> None:
+        """Start this server again (same argv, env and port) after it stopped or died; wait for health."""
+        self.stop(grace_s=0)
+        self.proc = None
+        self.start()
+        self.wait_healthy(deadline)
 
     def _kill_group(self, sig: int) -> None:
         if self.proc is None:

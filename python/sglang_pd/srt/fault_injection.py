@@ -1,17 +1,17 @@
 """Test-only fault injection, armed per process through SGLang's set_internal_state channel.
 
-Disabled unless SGLANG_PD_ENABLE_FAULT_INJECTION=1 in the server's environment: a production
-server neither mounts the route nor accepts the keys. Each fault fires for the next N requests that
-reach its injection point, then disarms; `<fault>_room` keys instead target one bootstrap room
+Disabled unless the server runs with SGLANG_PD_ENABLE_FAULT_INJECTION=1 (`Settings.fault_injection`,
+handed to FaultPlan): a production server neither mounts the route nor accepts the keys. Each fault
+fires for the next N requests that reach its injection point, then disarms; `<fault>_room` keys instead target one bootstrap room
 (so concurrent traffic cannot consume a fault meant for a given request).
 """
 
 from __future__ import annotations
 
 import enum
-import os
 
-ENABLE_ENV = "SGLANG_PD_ENABLE_FAULT_INJECTION"
+from sglang_pd.config import ENABLE_FAULT_INJECTION
+
 KEY_PREFIX = "sglang_pd_fault_"
 ROOM_SUFFIX = "_room"
 
@@ -23,18 +23,17 @@ class Fault(str, enum.Enum):
     PREFIX_EXCEEDS = "prefix_exceeds"       # tell prefill prompt_len + page_size
     TRANSFER_FAIL = "transfer_fail"         # decode marks the room failed right after prealloc
     NIXL_STALL = "nixl_stall"               # prefill: the room's NIXL transfer never reports done
+    LOCAL_QUEUE_HOLD = "local_queue_hold"   # decode: a local-prefill request waits 5 s before its extend
+    LOCAL_EXTEND_DELAY = "local_extend_delay"  # decode: the local extend carrying the room starts 3 s late
+    PREFILL_TRANSFER_FAIL = "prefill_transfer_fail"  # prefill: the transport reports the room's send failed
     RANK_READER_EXIT = "rank_reader_exit"   # the rank socket's reading thread raises on its next message
-
-
-def enabled() -> bool:
-    """True when this server was started with fault injection allowed."""
-    return os.environ.get(ENABLE_ENV) == "1"
 
 
 class FaultPlan:
     """Armed faults and how often each fired. Mutated on the scheduler thread only."""
 
-    def __init__(self):
+    def __init__(self, enabled: bool):
+        self.enabled = enabled  # False: every arm_from_keys with a fault key is refused
         self.armed: dict[Fault, int] = {}
         self.rooms: dict[int, set[Fault]] = {}
         self.fired: dict[Fault, int] = {}
@@ -69,8 +68,8 @@ class FaultPlan:
         Raises ValueError naming an unknown fault or when injection is not enabled.
         """
         ours = {k: v for k, v in server_args.items() if k.startswith(KEY_PREFIX)}
-        if ours and not enabled():
-            raise ValueError(f"fault injection is disabled (set {ENABLE_ENV}=1 on the server)")
+        if ours and not self.enabled:
+            raise ValueError(f"fault injection is disabled (set {ENABLE_FAULT_INJECTION}=1 on the server)")
         for key, value in ours.items():
             name = key[len(KEY_PREFIX):]
             by_room = name.endswith(ROOM_SUFFIX)

@@ -15,9 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from sglang_pd.config import Settings
 from sglang_pd.harness import DeploymentConfig, PDDeployment
 
-LOG_ROOT = Path(os.environ.get("SGLANG_PD_TEST_LOGS", "/tmp/sglang_pd-test-logs"))
+LOG_ROOT = Settings.from_env().test_logs or Path("/tmp/sglang_pd-test-logs")
 
 # Decode gives up on a transfer that never starts after this long (default 300 s): the timeout path
 # is then testable in-session. Normal requests here finish in about a second.
@@ -37,9 +38,14 @@ def _deployment(name: str, config: DeploymentConfig) -> PDDeployment:
     return _started[name]
 
 
+# Mooncake blacklists a decode session after one failed transfer and probes it again every 30 s by
+# default; the prefill-side transport failure test needs the pair serving again within seconds.
+SESSION_PROBE_S = 2
+
 # Transfer infos of a room no prefill request claims are dropped after this long; the same as decode's
 # own patience, so no test's legitimately late prefill half can lose its room.
 _ENV = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)),
+        ("SGLANG_FAILED_SESSION_PROBE_INTERVAL_S", str(SESSION_PROBE_S)),
         ("SGLANG_PD_UNCLAIMED_ROOM_TTL_S", str(WAITING_TIMEOUT_S)))
 
 

@@ -23,11 +23,8 @@ PAGE = 16
 
 @pytest.fixture(scope="module")
 def pd_two_decodes():
-    dep = PDDeployment(DeploymentConfig(page_size=PAGE, num_decode=2, log_dir=LOG_ROOT / "two_decodes")).start()
-    try:
+    with PDDeployment(DeploymentConfig(page_size=PAGE, num_decode=2, log_dir=LOG_ROOT / "two_decodes")) as dep:
         yield dep
-    finally:
-        dep.stop()
 
 
 def _conversation(router_url: str, key: str, seed: int) -> tuple[int, int, list[int]]:

@@ -1,6 +1,8 @@
-"""Fault soak: >= 200 requests over multi-turn conversations with random client aborts and injected
-transfer failures. At the end: zero outstanding locks, KV pool back to its idle baseline (nothing in
-flight), both servers healthy, and every non-faulted output equal to a plain server's."""
+"""Fault soak: >= 200 requests over multi-turn conversations with random client aborts, injected
+transfer failures on both sides (decode-local and at prefill's transport) and one prefill crash
+(SIGKILL, then restarted) in the middle. At the end: zero outstanding locks, KV pool back to its idle
+baseline (nothing in flight), both servers healthy, and every completed output equal to a plain
+server's. Own deployment (it kills prefill)."""
 
 import concurrent.futures as cf
 import random
@@ -9,8 +11,10 @@ import time
 import uuid
 
 import pytest
+import requests
 
-from sglang_pd.harness import PDDeployment
+from conftest import LOG_ROOT, SESSION_PROBE_S, WAITING_TIMEOUT_S
+from sglang_pd.harness import DeploymentConfig, PDDeployment
 from sglang_pd.harness.deployment import new_bootstrap_room
 from sglang_pd.models import VOCAB_SIZE
 
@@ -20,9 +24,21 @@ NUM_CONVERSATIONS = 10
 NUM_TURNS = 5
 REQUESTS_PER_TURN = 4   # each turn: 4 requests sharing the conversation prefix (branches)
 ABORT_RATE = 0.08
-TRANSFER_FAIL_RATE = 0.06
+TRANSFER_FAIL_RATE = 0.04          # decode-local, right after the hand-off
+PREFILL_FAIL_RATE = 0.03           # at prefill's transport (mooncake then re-probes the decode session)
 NEW_TOKENS = 6
 SOAK_DEADLINE_S = 900
+BOOTSTRAP_TIMEOUT_S = 30
+
+
+@pytest.fixture(scope="module")
+def pd_soak():
+    env = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)),
+           ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", str(BOOTSTRAP_TIMEOUT_S)),
+           ("SGLANG_FAILED_SESSION_PROBE_INTERVAL_S", str(SESSION_PROBE_S)))
+    with PDDeployment(DeploymentConfig(page_size=16, fault_injection=True, log_dir=LOG_ROOT / "soak",
+                                       env_overrides=env)) as dep:
+        yield dep
 
 
 def _conversation(dep: PDDeployment, conv_id: int, stats: dict, lock: threading.Lock, deadline: float):
@@ -36,47 +52,87 @@ def _conversation(dep: PDDeployment, conv_id: int, stats: dict, lock: threading.
                 raise AssertionError("soak exceeded its time bound")
             prompt = context + [rng.randrange(3, VOCAB_SIZE) for _ in range(rng.randrange(3, 12))]
             roll = rng.random()
-            if roll < TRANSFER_FAIL_RATE:
+            if roll < TRANSFER_FAIL_RATE + PREFILL_FAIL_RATE:
+                side = dep.decodes[0] if roll < TRANSFER_FAIL_RATE else dep.prefill
+                fault = "transfer_fail_room" if side is dep.decodes[0] else "prefill_transfer_fail_room"
                 room = new_bootstrap_room(rng)
-                dep.arm_faults(dep.decodes[0], transfer_fail_room=room)
-                _, resp, _ = dep.post_generate_pd(prompt, NEW_TOKENS, room=room)
-                with lock:
-                    stats["faults_injected"] += 1
-                    stats["failed_responses"] += int(resp.status_code >= 400)
-                assert resp.status_code >= 400, f"injected transfer failure not reported: {resp.text}"
+                while not _try(lambda: dep.arm_faults(side, **{fault: room})):  # prefill down: the crash
+                    _count(stats, lock, "unserved")
+                    assert time.monotonic() < deadline, f"prefill never came back: {stats}"
+                    time.sleep(1.0)
+                resp = _send(dep, prompt, room=room)
+                _count(stats, lock, "faults_injected")
+                assert resp is None or resp.status_code >= 400, f"injected {fault} not reported: {resp.text}"
                 continue
-            if roll < TRANSFER_FAIL_RATE + ABORT_RATE:
+            if roll < TRANSFER_FAIL_RATE + PREFILL_FAIL_RATE + ABORT_RATE:
                 rid = f"soak-abort-{uuid.uuid4().hex[:10]}"
                 pool = cf.ThreadPoolExecutor(1)
                 pending = pool.submit(dep.post_generate_pd, prompt, 400, rid=rid)
                 time.sleep(rng.uniform(0.05, 1.5))
-                dep.abort(dep.decodes[0], rid)
-                dep.abort(dep.prefill, rid)
-                pending.result(timeout=300)
+                _try(lambda: dep.abort(dep.decodes[0], rid))
+                _try(lambda: dep.abort(dep.prefill, rid))
+                _try(lambda: pending.result(timeout=300))
                 pool.shutdown()
-                with lock:
-                    stats["aborts"] += 1
+                _count(stats, lock, "aborts")
                 continue
-            _, decoded, _ = dep.generate_pd(prompt, NEW_TOKENS)
-            checks.append((prompt, decoded["output_ids"]))
-            kept = kept or (prompt, decoded["output_ids"])
-            with lock:
-                stats["ok"] += 1
+            decoded = _send(dep, prompt)
+            while decoded is None or decoded.status_code != 200:  # the prefill crash: retry once it is back
+                _count(stats, lock, "unserved")
+                assert time.monotonic() < deadline, f"not served again after the prefill crash: {stats}"
+                time.sleep(1.0)
+                decoded = _send(dep, prompt)
+            output = decoded.json()["output_ids"]
+            checks.append((prompt, output))
+            kept = kept or (prompt, output)
+            _count(stats, lock, "ok")
         if kept is not None:
             context = kept[0] + kept[1]
     return checks
 
 
-def test_fault_soak(pd_page16: PDDeployment, plain_url: str):
-    dep = pd_page16
+def _send(dep: PDDeployment, prompt: list[int], **extra):
+    """The decode half's response, or None when a server dropped the connection (the prefill crash)."""
+    try:
+        return dep.post_generate_pd(prompt, NEW_TOKENS, **extra)[1]
+    except requests.RequestException:
+        return None
+
+
+def _try(fn) -> bool:
+    try:
+        fn()
+        return True
+    except Exception:
+        return False
+
+
+def _count(stats: dict, lock: threading.Lock, key: str) -> None:
+    with lock:
+        stats[key] += 1
+
+
+def _crash_prefill_midway(dep: PDDeployment, stats: dict, lock: threading.Lock, at_requests: int) -> float:
+    """SIGKILL prefill once `at_requests` requests are done, restart it; returns seconds it was down."""
+    while stats["ok"] + stats["aborts"] + stats["faults_injected"] < at_requests:
+        time.sleep(0.2)
+    start = time.monotonic()
+    dep.prefill.kill()
+    dep.prefill.restart(time.monotonic() + 300)
+    return time.monotonic() - start
+
+
+def test_fault_soak(pd_soak: PDDeployment, plain_url: str):
+    dep = pd_soak
     before = dep.wait_clean()["decode0"]["integrity"]
-    stats = {"ok": 0, "aborts": 0, "faults_injected": 0, "failed_responses": 0}
+    stats = {"ok": 0, "aborts": 0, "faults_injected": 0, "unserved": 0}
     lock = threading.Lock()
     deadline = time.monotonic() + SOAK_DEADLINE_S
-    with cf.ThreadPoolExecutor(3) as pool:
+    with cf.ThreadPoolExecutor(4) as pool:
+        crash = pool.submit(_crash_prefill_midway, dep, stats, lock, 100)
         futures = [pool.submit(_conversation, dep, i, stats, lock, deadline) for i in range(NUM_CONVERSATIONS)]
         checks = [c for f in futures for c in f.result()]
-    total = stats["ok"] + stats["aborts"] + stats["faults_injected"]
+        down_s = crash.result()
+    total = stats["ok"] + stats["aborts"] + stats["faults_injected"]  # unserved attempts were retried
     assert total >= 200, stats
     assert stats["aborts"] > 0 and stats["faults_injected"] > 0, stats
     for prompt, output in checks:
@@ -89,8 +145,10 @@ def test_fault_soak(pd_page16: PDDeployment, plain_url: str):
     assert after["in_flight_tokens"] == 0 and after["protected_tokens"] == 0
     # Idle baseline: every KV slot is free or held by the (evictable) tree.
     assert after["free_tokens"] + after["evictable_tokens"] == before["free_tokens"] + before["evictable_tokens"]
+    fired = {s: reports[s]["faults"]["fired"] for s in ("decode0", "prefill")}
     print(f"\nSOAK requests={total} ok={stats['ok']} aborts={stats['aborts']} "
-          f"transfer_faults={stats['faults_injected']} failed_responses={stats['failed_responses']} "
+          f"transfer_faults={stats['faults_injected']} (fired: decode {fired['decode0']}, prefill after its "
+          f"restart {fired['prefill']}) unserved={stats['unserved']} prefill down {down_s:.0f} s; "
           f"outstanding_locks={ledger['num_outstanding']} locks_taken={ledger['num_locks']} "
           f"decode free+evictable before={before['free_tokens']}+{before['evictable_tokens']} "
           f"after={after['free_tokens']}+{after['evictable_tokens']} in_flight_after={after['in_flight_tokens']}")

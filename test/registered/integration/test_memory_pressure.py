@@ -10,6 +10,7 @@ import pytest
 import requests
 
 from conftest import LOG_ROOT, WAITING_TIMEOUT_S
+from lock_checks import in_background
 from sglang_pd.harness import DeploymentConfig, PDDeployment
 from sglang_pd.models import VOCAB_SIZE
 
@@ -25,11 +26,8 @@ def pd_pressure():
     config = DeploymentConfig(page_size=16, decode_max_total_tokens=768, num_reserved_decode_tokens=32,
                               log_dir=LOG_ROOT / "pressure",
                               env_overrides=(("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)),))
-    dep = PDDeployment(config).start()
-    try:
+    with PDDeployment(config) as dep:
         yield dep
-    finally:
-        dep.stop()
 
 
 def test_retraction_keeps_outputs_and_stays_balanced(pd_pressure: PDDeployment, plain_url: str):
@@ -55,6 +53,36 @@ def test_retraction_keeps_outputs_and_stays_balanced(pd_pressure: PDDeployment, 
         assert out == dep.generate(plain_url, prompt, NEW_TOKENS)["output_ids"]
     reports = dep.wait_clean(timeout_s=120)
     assert reports["decode0"]["lock_ledger"]["num_double_releases"] == 0
+
+
+def test_abort_in_the_retracted_queue(pd_pressure: PDDeployment):
+    """A request retracted under memory pressure waits with its KV backed up to CPU and no tree lock
+    (retraction released it); aborting it there leaves nothing behind and the others finish."""
+    dep = pd_pressure
+    rng = random.Random(17)
+    shared = [6] + [rng.randrange(3, VOCAB_SIZE) for _ in range(47)]
+    dep.generate_pd(shared, 4)
+    rids = [f"retract-{i}-{uuid.uuid4().hex[:6]}" for i in range(NUM_REQUESTS)]
+    jobs = [in_background(dep.post_generate_pd, shared + [rng.randrange(3, VOCAB_SIZE) for _ in range(16)],
+                          NEW_TOKENS, rid=rid, timeout=300) for rid in rids]
+    deadline, victim = time.monotonic() + 180, None
+    while victim is None:
+        assert time.monotonic() < deadline, "no request was retracted"
+        state = dep.scheduler_state(dep.decodes[0])
+        retracted = [r for r in state["queues"]["retracted"] if r in rids]
+        victim = retracted[0] if retracted else None
+        time.sleep(0.05)
+    assert victim not in state["lock_ledger"]["owners"], "retraction gave its lock back (same snapshot)"
+    dep.abort(dep.decodes[0], victim)
+    for job in jobs:
+        job["thread"].join(300)
+    _, decoded, _ = next(j["resp"] for rid, j in zip(rids, jobs) if rid == victim)
+    assert len(decoded.json().get("output_ids", [])) < NEW_TOKENS, "the abort cut the retracted request short"
+    finished = [j["resp"][1] for rid, j in zip(rids, jobs) if rid != victim]
+    assert all(r.status_code == 200 and len(r.json()["output_ids"]) == NEW_TOKENS for r in finished)
+    reports = dep.wait_clean(timeout_s=120)
+    assert reports["decode0"]["radix_resume"]["pending"] == {}
+    assert victim not in reports["decode0"]["lock_ledger"]["owners"]
 
 
 def test_burst_is_admitted_in_rounds_that_evict_once(pd_pressure: PDDeployment, plain_url: str):
@@ -83,32 +111,42 @@ def test_burst_is_admitted_in_rounds_that_evict_once(pd_pressure: PDDeployment, 
 
 def test_admission_refused_after_lock_releases_it(pd_pressure: PDDeployment, plain_url: str):
     """Decode-only requests pin most of the pool in the transfer queue (not retractable); a new
-    request is then matched and locked, refused for budget, unlocked, and retried until room frees."""
+    request sharing a cached prefix is then matched and locked, refused for budget, its lock released,
+    and retried (matched and locked again) until room frees."""
     dep = pd_pressure
     rng = random.Random(11)
+    primed = [rng.randrange(3, VOCAB_SIZE) for _ in range(48)]
+    dep.generate_pd(primed, 4)  # decode now holds these 48 tokens: the refused request locks them
     fillers = [f"pin-{uuid.uuid4().hex[:8]}" for _ in range(3)]
+    rid = f"refused-{uuid.uuid4().hex[:8]}"
     with cf.ThreadPoolExecutor(4) as pool:
         pinned = [pool.submit(dep.post_generate, dep.decodes[0].url,
-                              [rng.randrange(3, VOCAB_SIZE) for _ in range(192)], 8, 300, rid=rid, **dep.pairing())
-                  for rid in fillers]
+                              [rng.randrange(3, VOCAB_SIZE) for _ in range(192)], 8, 300, rid=r, **dep.pairing())
+                  for r in fillers]
         deadline = time.monotonic() + 60
         while not all(r in dep.scheduler_state(dep.decodes[0])["decode_admission"]["plans"] for r in fillers):
             assert time.monotonic() < deadline, "fillers were not admitted"
             time.sleep(0.2)
         replans0 = dep.scheduler_state(dep.decodes[0])["decode_admission"]["num_replans"]
-        prompt = [rng.randrange(3, VOCAB_SIZE) for _ in range(160)]
-        waiting = pool.submit(dep.generate_pd, prompt, 8)
+        prompt = primed + [rng.randrange(3, VOCAB_SIZE) for _ in range(160)]
+        waiting = pool.submit(dep.generate_pd, prompt, 8, rid=rid)
         deadline = time.monotonic() + 60
         while dep.scheduler_state(dep.decodes[0])["decode_admission"]["num_replans"] <= replans0:
             assert time.monotonic() < deadline, "the request was never refused after its lock"
             time.sleep(0.2)
-        for rid in fillers:
-            dep.abort(dep.decodes[0], rid)
+        state = dep.scheduler_state(dep.decodes[0])
+        assert state["decode_admission"]["plans"][rid]["decode_prefix_len"] >= len(primed)  # matched + locked
+        refusals = [r for r in state["lock_ledger"]["recent_releases"] if r["owner"] == rid]
+        assert refusals and refusals[0]["num_tokens"] >= len(primed), "the refused attempt's lock was released"
+        assert rid in state["queues"]["prealloc"]  # refused: still waiting for room
+        for filler in fillers:
+            dep.abort(dep.decodes[0], filler)
         out = waiting.result(timeout=120)[1]["output_ids"]
         for fut in pinned:
             fut.result(timeout=60)
     assert out == dep.generate(plain_url, prompt, 8)["output_ids"]
     reports = dep.wait_clean(timeout_s=120)
+    assert rid not in reports["decode0"]["lock_ledger"]["owners"]
     assert reports["decode0"]["lock_ledger"]["num_double_releases"] == 0
 
 

@@ -3,9 +3,11 @@ Prometheus metrics on /metrics, each moving by exactly the expected amount over 
 
 import json
 import random
+import time
 
 import pytest
 
+from lock_checks import in_background
 from sglang_pd.harness import PDDeployment
 from sglang_pd.models import VOCAB_SIZE, model_config
 from sglang_pd.srt.mem_cache.common import kv_to_page_num, page_align_floor
@@ -79,3 +81,31 @@ def test_stats_endpoint_has_counters_tree_and_ledger(pd_page1: PDDeployment):
     assert state["counters"]["role"] == "decode"
     assert {"evictable_tokens", "protected_tokens", "free_tokens", "total_tokens"} <= set(state["integrity"])
     assert {"num_outstanding", "num_locks", "num_releases", "num_double_releases"} <= set(state["lock_ledger"])
+
+
+def test_metrics_are_true_at_scrape_without_any_stats_call(pd_page16: PDDeployment):
+    """Only /metrics is read here: the lock gauge follows the ledger as locks come and go, and every
+    scrape runs the integrity check whose counters it shows."""
+    dep = pd_page16
+    dec = dep.decodes[0]
+    rng = random.Random(77)
+    primed = [rng.randrange(3, VOCAB_SIZE) for _ in range(48)]
+    dep.generate_pd(primed, 8)  # decode holds these 48 tokens: the request below locks them
+    first = dep.scrape_metrics(dec)
+    second = dep.scrape_metrics(dec)
+    assert _metric(second, "integrity_checks_total", "decode") > _metric(first, "integrity_checks_total", "decode")
+    assert _metric(second, "tree_locks_outstanding", "decode") == 0
+    rid = f"scrape-{rng.randrange(1 << 30)}"
+    job = in_background(dep.post_generate, dec.url, primed + [3, 4, 5], 8, rid=rid, **dep.pairing())
+    deadline = time.monotonic() + 60
+    while _metric(dep.scrape_metrics(dec), "tree_locks_outstanding", "decode") < 1:  # waits for KV, locked
+        assert time.monotonic() < deadline, "the held lock never showed on /metrics"
+        time.sleep(0.2)
+    dep.abort(dec, rid)
+    job["thread"].join(60)
+    deadline = time.monotonic() + 60
+    while _metric(dep.scrape_metrics(dec), "tree_locks_outstanding", "decode") != 0:
+        assert time.monotonic() < deadline, "the released lock still shows on /metrics"
+        time.sleep(0.2)
+    assert _metric(dep.scrape_metrics(dec), "integrity_failures_total", "decode") == 0
+    dep.wait_clean()

@@ -20,11 +20,8 @@ def pd_smollm2():
     config = DeploymentConfig(model="smollm2", page_size=16, with_plain=True, with_router=True,
                               prefill_max_total_tokens=8192, decode_max_total_tokens=8192,
                               log_dir=LOG_ROOT / "smollm2")
-    dep = PDDeployment(config).start()
-    try:
+    with PDDeployment(config) as dep:
         yield dep
-    finally:
-        dep.stop()
 
 
 def _text(url: str, prompt: str, **pairing) -> dict:

@@ -4,10 +4,8 @@ from array import array
 
 import pytest
 
-from sglang_pd.hooks import HOOK_TABLE
-from sglang_pd.process_state import STATE
-from sglang_pd.srt.disaggregation.decode_admission import DecodePrefixAdmission
-from sglang_pd.srt.mem_cache.lock_ledger import LockLedger
+from sglang_pd.config import Settings
+from sglang_pd.srt.hooks.table import apply_ledger_hooks
 from sglang_pd.srt.mem_cache.standalone import paged_tree
 from sglang_pd.srt.mem_cache.tree_integrity import check_integrity
 
@@ -16,21 +14,28 @@ POOL_TOKENS = 64  # 16 pages of 4, or 64 pages of 1
 
 @pytest.fixture(scope="session")
 def ledger_hooks_applied():
-    """Apply the HOOK_TABLE rows on BasePrefixCache.lock/unlock exactly as a scheduler process does."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+    """Apply the hook table's lock/unlock rows exactly as a scheduler process does."""
+    apply_ledger_hooks()
 
-    for spec in HOOK_TABLE:
-        if spec.target.endswith(("PrefixCache.lock", "PrefixCache.unlock", "RadixCache.lock", "RadixCache.unlock")):
-            HookRegistry.register(spec.target, spec.fn, HookType[spec.hook_type])
-    HookRegistry.apply_hooks()
+
+@pytest.fixture(autouse=True)
+def pd_state():
+    """A fresh scheduler-process state (default settings) installed for each test; the previous restored.
+
+    Autouse: once a test applied the lock/unlock hooks they stay applied for the session, and a hook
+    without an installed state raises (as it should in a server)."""
+    from sglang_pd.srt.state import ProcessKind, build_state, install
+
+    state = build_state(ProcessKind.SCHEDULER, Settings())
+    previous = install(state)
+    yield state
+    install(previous)
 
 
 @pytest.fixture
-def ledger(ledger_hooks_applied):
-    """A fresh ledger (and admission around it) installed as this process's STATE."""
-    STATE.lock_ledger = LockLedger()
-    STATE.decode_admission = DecodePrefixAdmission(STATE.lock_ledger)
-    return STATE.lock_ledger
+def ledger(pd_state, ledger_hooks_applied):
+    """The installed state's lock ledger (the one the lock/unlock hooks record into)."""
+    return pd_state.lock_ledger
 
 
 class Pool:
@@ -64,7 +69,9 @@ class Pool:
         return self.tree.match_prefix(MatchPrefixParams(key=self.key(token_ids)))
 
     def protected(self) -> int:
-        return self.integrity(STATE.lock_ledger, idle=False).protected_tokens
+        from sglang_pd.srt.state import current
+
+        return self.integrity(current().lock_ledger, idle=False).protected_tokens
 
     def integrity(self, ledger, idle=True):
         return check_integrity(self.tree, self.allocator, ledger, idle=idle)

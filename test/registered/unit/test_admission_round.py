@@ -7,9 +7,10 @@ released exactly once, whether SGLang's loop took the planned match or not.
 import pytest
 
 from conftest import POOL_TOKENS, make_req
-from sglang_pd.process_state import STATE
+from sglang_pd.srt.state import current
 from sglang_pd.srt.disaggregation.admission_round import AdmissionRound, PoolSizer
 from sglang_pd.srt.mem_cache.common import kv_to_page_num
+from sglang_pd.srt.mem_cache.lock_ledger import LockState
 
 pytestmark = pytest.mark.unit
 
@@ -26,14 +27,14 @@ def _fill_with_cache(pool, first_token: int, seq_len: int) -> int:
 def _plan(pool, reqs, reserve=0):
     from sglang.srt.mem_cache.common import match_kv_cache
 
-    rnd = AdmissionRound(STATE.decode_admission)
+    rnd = AdmissionRound(current().decode_admission)
     return rnd, rnd.plan(reqs, pool.tree, PoolSizer(pool.tree, pool.allocator, reserve), match_kv_cache)
 
 
 def _preallocate(pool, rnd, req):
     """What SGLang's loop does per request after admission: take the match, allocate the rest."""
     assert rnd.take(req) is not None
-    need = len(req.origin_input_ids) - STATE.decode_admission.plan_for(req.rid).decode_prefix_len
+    need = len(req.origin_input_ids) - current().decode_admission.plan_for(req.rid).decode_prefix_len
     slots = pool.allocator.alloc(kv_to_page_num(need, pool.page_size) * pool.page_size)
     assert slots is not None, "the round's single eviction left too little free memory"
     return slots
@@ -58,8 +59,10 @@ def test_round_locks_all_evicts_once_and_every_allocation_fits(pool, ledger):
 
     assert plan.rids == ("r0", "r1", "r2") and plan.num_refused == 0
     assert plan.num_alloc_tokens == 24 and plan.num_evicted_tokens >= 24 - (POOL_TOKENS % 8)
-    assert rnd.num_evictions == 1 and ledger.owners() == {"r0": 1, "r1": 1, "r2": 1}
+    assert rnd.snapshot()["num_evictions"] == 1 and ledger.owners() == {"r0": 1, "r1": 1, "r2": 1}
+    assert [ledger.state_of(r.lock) for r in reqs] == [LockState.PLANNED] * 3  # the round holds them
     slots = [_preallocate(pool, rnd, r) for r in reqs]  # no further eviction needed
+    assert [ledger.state_of(r.lock) for r in reqs] == [LockState.HELD] * 3  # SGLang's rows own them now
     assert rnd.close() == 0
     assert pool.match(shared).device_prefix_len == 8  # the locked shared prefix survived the eviction
     _finish(pool, reqs, slots)
@@ -86,7 +89,9 @@ def test_untaken_matches_are_released_once_taken_ones_stay_with_their_request(po
     rnd, plan = _plan(pool, reqs)
     slots = [_preallocate(pool, rnd, reqs[0])]
     assert rnd.take(reqs[0]) is None  # handed over once
+    untaken = [reqs[1].lock, reqs[2].lock]
     assert rnd.close() == 2 and set(ledger.owners()) == {"t0"}
+    assert [ledger.state_of(lock) for lock in untaken] == [LockState.RELEASED] * 2
     _finish(pool, reqs, slots)
     assert ledger.owners() == {} and ledger.num_double_releases == 0 and pool.integrity(ledger).ok
 

@@ -32,6 +32,17 @@ def test_workload_is_seeded_and_grows_each_round():
     assert sorted(len(p) for p in seen) == [25] * 3 + [31] * 3 + [37] * 3
 
 
+def test_question_lengths_spread_when_asked_and_stay_seeded():
+    cfg = WorkloadConfig(num_clients=4, num_rounds=6, first_question_len=32, question_len=8, question_len_max=200)
+    lengths = [len(q) for c in range(4) for q in questions(cfg, c)[1:]]
+    assert all(8 <= n <= 200 for n in lengths) and len(set(lengths)) > 10
+    assert [len(q) for q in questions(cfg, 2)] == [len(q) for q in questions(cfg, 2)]
+    assert all(len(q) == 32 for q in (questions(cfg, c)[0] for c in range(4)))
+    assert {len(q) for q in questions(WorkloadConfig(num_rounds=3, question_len=16), 0)[1:]} == {16}
+    with pytest.raises(ValueError, match="question_len_max"):
+        WorkloadConfig(question_len=16, question_len_max=8)
+
+
 def test_workload_rejects_bad_config():
     with pytest.raises(ValueError, match="num_clients must be >= 1"):
         WorkloadConfig(num_clients=0)
@@ -52,3 +63,32 @@ def test_summary_and_side_by_side_table():
     table = format_table({"off": off, "on": on})
     assert "| TTFT p50 (s) | 3.000 | 1.000 | 3.00x |" in table
     assert "| KV pages transferred | 200 | 110 | 1.82x |" in table
+
+
+def test_local_prefill_configs_rows_gains_and_sweep_table():
+    from sglang_pd.bench.slo import parse_configs
+    from sglang_pd.bench_multiturn import format_sweep
+
+    (local,) = parse_configs("on+local", None, None, local_prefill_tokens=64)
+    assert local.decode_radix and dict(local.env) == {"SGLANG_PD_LOCAL_PREFILL_TOKENS": "64"}
+    for bad in ("off+local", "on+local"):
+        with pytest.raises(ValueError, match="--local-prefill-tokens > 0"):
+            parse_configs(bad, None, None, local_prefill_tokens=0 if bad == "on+local" else 64)
+
+    def rec(ttft, path, local_tokens):
+        return RequestRecord(0, 0, StreamResult(ok=True, prompt_len=100, output_ids=[1, 2], ttft_s=ttft, itl_s=[0.01],
+                                                meta_info={"decode_prefix_len": 90, "decode_prefill_path": path,
+                                                           "decode_local_prefill_tokens": local_tokens}))
+
+    counters = {"pages": 10, "bytes": 40, "computed_tokens": 20, "declined": 2, "declined_computed_tokens": 0}
+    on = summarize([rec(0.08, "prefill", 0), rec(0.08, "prefill", 0)], 1.0, dict(counters, declined=0))
+    local = summarize([rec(0.02, "decode_local", 10), rec(0.04, "decode_local", 10)], 1.0,
+                      dict(counters, pages=0, computed_tokens=0))
+    assert (local["local_requests"], local["local_prefill_tokens"], local["prefill_declined"]) == (2, 20, 2)
+    table = format_table({"on": on, "on+local": local})
+    assert "| TTFT p50 (s) | 0.080 | 0.030 | 2.67x |" in table
+    assert "gain (on+local vs on)" in table.splitlines()[0]
+    assert "| requests served decode-locally | 0 | 2 |  |" in table
+    assert "| prefill tokens computed (prefill's counter) | 20 | 0 |  |" in table
+    sweep = format_sweep({0: on, 64: local})
+    assert "| 64 | 0.030 | " in sweep and "| 2/2 | 0 | 0 |" in sweep

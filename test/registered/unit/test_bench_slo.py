@@ -13,7 +13,7 @@ from sglang_pd.bench.pd_client import StreamResult
 from sglang_pd.bench.report import format_table, summarize
 from sglang_pd.bench.slo import SloTargets, meets_slo, parse_configs, slo_figures
 from sglang_pd.srt.disaggregation.early_rejection import decide_rejection
-from sglang_pd.srt.disaggregation.slo_http import RetryAfterMiddleware
+from sglang_pd.srt.disaggregation.retry_after import RetryAfterMiddleware
 
 pytestmark = pytest.mark.unit
 

@@ -16,8 +16,8 @@ import pytest
 import requests
 
 from sglang_pd.harness.server import free_port
-from sglang_pd.hooks import HOOK_TABLE
-from sglang_pd.process_state import STATE
+from sglang_pd.srt.hooks.table import HOOK_TABLE
+from sglang_pd.srt.state import current
 from sglang_pd.srt.disaggregation.bootstrap_http import route_put_problem
 from sglang_pd.srt.disaggregation.peer_auth import HTTP_HEADER, PeerAuth
 from sglang_pd.srt.disaggregation.peer_guard import HttpGuardCounts
@@ -44,8 +44,8 @@ def hooks_applied():
 def server(hooks_applied, request):
     from sglang.srt.disaggregation.common.conn import CommonKVBootstrapServer
 
-    STATE.peer_guard.auth = PeerAuth([KEY]) if request.param else None
-    STATE.peer_guard.http = HttpGuardCounts()
+    current().peer_guard.auth = PeerAuth([KEY]) if request.param else None
+    current().peer_guard.http = HttpGuardCounts()
     srv = CommonKVBootstrapServer("127.0.0.1", free_port())
     url = f"http://127.0.0.1:{srv.port}"
     deadline = time.monotonic() + 10
@@ -58,7 +58,7 @@ def server(hooks_applied, request):
             time.sleep(0.05)
     yield srv, url
     srv.close()
-    STATE.peer_guard.auth = None
+    current().peer_guard.auth = None
 
 
 def _urllib(method, url, body=None, header=None):
@@ -104,7 +104,7 @@ def test_with_auth_only_signed_requests_register_and_answers_are_verified(server
     got = requests.get(url + "/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0",
                        timeout=5)
     assert got.status_code == 200 and got.json()["rank_ip"] == "127.0.0.1"
-    refused = STATE.peer_guard.http.snapshot()["auth_refused"]
+    refused = current().peer_guard.http.snapshot()["auth_refused"]
     assert [refused.get(k) for k in ("missing", "unknown_key", "bad_mac", "replayed")] == [1, 1, 1, 1]
 
 
@@ -125,14 +125,14 @@ class _FakeBootstrap(http.server.BaseHTTPRequestHandler):
 def test_an_untagged_answer_is_a_401_to_sglang(hooks_applied):
     fake = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeBootstrap)
     threading.Thread(target=fake.serve_forever, daemon=True).start()
-    STATE.peer_guard.auth = PeerAuth([KEY])
+    current().peer_guard.auth = PeerAuth([KEY])
     try:
         url = f"http://127.0.0.1:{fake.server_address[1]}/route?prefill_dp_rank=0&prefill_cp_rank=0"
         got = requests.get(url, timeout=5)
         assert got.status_code == 401 and b"6.6.6.6" not in got.content
         assert requests.get(f"http://127.0.0.1:{fake.server_address[1]}/other", timeout=5).status_code == 200
     finally:
-        STATE.peer_guard.auth = None
+        current().peer_guard.auth = None
         fake.shutdown()
 
 

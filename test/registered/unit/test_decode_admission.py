@@ -3,18 +3,24 @@
 import pytest
 
 from conftest import make_req
-from sglang_pd.process_state import STATE
 from sglang_pd.srt.disaggregation.decode_admission import RequestKind
 from sglang_pd.srt.mem_cache.common import kv_to_page_num
 
 pytestmark = pytest.mark.unit
 
 
+def ledger_admission():
+    """The installed process state's DecodePrefixAdmission (the `ledger` fixture installs a fresh state)."""
+    from sglang_pd.srt.state import current
+
+    return current().decode_admission
+
+
 def _admit(pool, req, kind=RequestKind.NORMAL):
     from sglang.srt.mem_cache.common import match_kv_cache
 
-    STATE.decode_admission.match_and_lock(req, pool.tree, kind, match_kv_cache)
-    return STATE.decode_admission.plan_for(req.rid)
+    ledger_admission().match_and_lock(req, pool.tree, kind, match_kv_cache)
+    return ledger_admission().plan_for(req.rid)
 
 
 def test_miss_plans_every_page_and_holds_nothing(pool, ledger):
@@ -34,7 +40,8 @@ def test_refused_attempt_lock_is_released_on_retry(pool, ledger):
     assert ledger.owners() == {"retry": 1} and first.decode_prefix_len == 8
     second = _admit(pool, req)  # retried without the lock ever being given back
     assert second == first and ledger.owners() == {"retry": 1}
-    assert STATE.decode_admission.num_stale_locks_released == 1 and STATE.decode_admission.num_replans == 1
+    snap = ledger_admission().snapshot()
+    assert snap["num_stale_locks_released"] == 1 and snap["num_replans"] == 1
     pool.tree.unlock(req.lock)
     assert pool.integrity(ledger).ok and ledger.num_double_releases == 0
 
@@ -63,7 +70,8 @@ def test_full_prefix_hit_moves_no_page(pool, ledger):
     req = make_req("full", prompt)
     plan = _admit(pool, req)
     assert plan.decode_prefix_len == len(prompt) and plan.num_new_pages == 0
-    snap = STATE.decode_admission.snapshot()
+    assert ledger_admission().record_handoff("full", plan.decode_prefix_len, 0) is None
+    snap = ledger_admission().snapshot()
     assert snap["num_pages_saved"] == kv_to_page_num(16, pool.page_size)
     pool.tree.unlock(req.lock)
     assert pool.integrity(ledger).ok
@@ -78,11 +86,11 @@ def test_warmup_and_health_never_use_the_tree(pool, ledger, kind, host):
     assert req.skip_radix_cache_insert, "their tokens must never be inserted"
     assert pool.protected() == 0 and req.lock is None
     assert pool.integrity(ledger).ok
-    assert STATE.decode_admission.snapshot()["num_skipped_tree"] == 1
+    assert ledger_admission().snapshot()["num_skipped_tree"] == 1
 
 
 def test_request_kind_classification():
-    from sglang_pd.srt.disaggregation.decode_hooks import request_kind
+    from sglang_pd.srt.mem_cache.common import request_kind
 
     assert request_kind(make_req("a", [1], "127.0.0.1")) is RequestKind.NORMAL
     assert request_kind(make_req("a", [1], "2.2.2.2")) is RequestKind.WARMUP
@@ -92,7 +100,25 @@ def test_request_kind_classification():
 def test_handoff_mismatch_is_counted(pool, ledger):
     req = make_req("h", list(range(200, 209)))
     plan = _admit(pool, req)
-    assert STATE.decode_admission.record_handoff("h", 0, plan.num_new_pages) is None
-    assert STATE.decode_admission.record_handoff("h", 0, plan.num_new_pages + 1) == plan
-    assert STATE.decode_admission.num_handoff_mismatches == 1
-    assert STATE.decode_admission.record_handoff("never-planned", 0, 3) is None
+    assert ledger_admission().record_handoff("h", 0, plan.num_new_pages) is None
+    assert ledger_admission().record_handoff("h", 0, plan.num_new_pages + 1) == plan
+    assert ledger_admission().snapshot()["num_handoff_mismatches"] == 1
+    assert ledger.counters.get("decode_handoff_mismatches_total") == 1  # one source: stats == metric
+    assert ledger_admission().record_handoff("never-planned", 0, 3) is None
+
+
+def test_a_replanned_request_is_counted_once_at_its_hand_off(pool, ledger):
+    """Counters move when the request is handed to transfer, once, whatever re-plans came before."""
+    pool.cache_tokens(list(range(8)))
+    req = make_req("again", list(range(8)) + [400, 401, 402])
+    for _ in range(3):  # refused twice for budget, then admitted
+        plan = _admit(pool, req)
+    counters = ledger.counters
+    assert counters.get("decode_prompt_tokens_total") == 0, "nothing counted before the hand-off"
+    ledger_admission().record_handoff("again", plan.decode_prefix_len, plan.num_new_pages)
+    ledger_admission().record_handoff("again", plan.decode_prefix_len, plan.num_new_pages)  # a second hand-off
+    assert counters.get("decode_prompt_tokens_total") == 11
+    assert counters.get("decode_prefix_hit_tokens_total") == 8
+    assert counters.get("decode_replans_total") == 2 and counters.get("decode_stale_locks_released_total") == 2
+    pool.tree.unlock(req.lock)
+    assert pool.integrity(ledger).ok

@@ -2,14 +2,13 @@
 
 import pytest
 
-from sglang_pd.srt.fault_injection import ENABLE_ENV, Fault, FaultPlan
+from sglang_pd.srt.fault_injection import Fault, FaultPlan
 
 pytestmark = pytest.mark.unit
 
 
-def test_counted_and_targeted_faults(monkeypatch):
-    monkeypatch.setenv(ENABLE_ENV, "1")
-    plan = FaultPlan()
+def test_counted_and_targeted_faults():
+    plan = FaultPlan(enabled=True)
     rest = plan.arm_from_keys({"sglang_pd_fault_prefix_exceeds": 2, "sglang_pd_fault_transfer_fail_room": 77,
                                "pp_max_micro_batch_size": 4})
     assert rest == {"pp_max_micro_batch_size": 4}
@@ -19,12 +18,11 @@ def test_counted_and_targeted_faults(monkeypatch):
     assert plan.snapshot()["fired"] == {"transfer_fail": 1, "prefix_exceeds": 2}
 
 
-def test_refused_when_disabled_or_unknown(monkeypatch):
-    monkeypatch.delenv(ENABLE_ENV, raising=False)
+def test_refused_when_disabled_or_unknown():
     with pytest.raises(ValueError, match="fault injection is disabled"):
-        FaultPlan().arm_from_keys({"sglang_pd_fault_transfer_fail": 1})
-    monkeypatch.setenv(ENABLE_ENV, "1")
+        FaultPlan(enabled=False).arm_from_keys({"sglang_pd_fault_transfer_fail": 1})
+    assert FaultPlan(enabled=False).arm_from_keys({"pp_max_micro_batch_size": 4}) == {"pp_max_micro_batch_size": 4}
     with pytest.raises(ValueError, match="unknown fault 'explode'"):
-        FaultPlan().arm_from_keys({"sglang_pd_fault_explode": 1})
+        FaultPlan(enabled=True).arm_from_keys({"sglang_pd_fault_explode": 1})
     with pytest.raises(ValueError, match="must be >= 0"):
-        FaultPlan().arm(Fault.TRANSFER_FAIL, -1)
+        FaultPlan(enabled=True).arm(Fault.TRANSFER_FAIL, -1)

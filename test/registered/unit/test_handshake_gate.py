@@ -133,6 +133,22 @@ def test_with_auth_unsigned_and_impostor_messages_change_nothing():
     assert g.admit(signed, "10.0.0.9") is None and g.counts.auth_refused["replayed"] == 1
 
 
+def test_with_auth_a_room_decline_must_be_signed():
+    """An unauthenticated decline would let a stranger drop any room: refused before it is read."""
+    from sglang_pd.srt.disaggregation.room_decline import DeclineNotice, decline_frames
+
+    host = Host()
+    host.rooms.add(12)
+    g = gate(host, auth=PeerAuth([KEY]))
+    decline = decline_frames(DeclineNotice(12, None, "served by decode"), "127.0.0.1", 4567)
+    assert g.admit(decline, "6.6.6.6") is None
+    assert g.admit(decline + PeerAuth([b"x" * 40]).sign_frames(decline), "6.6.6.6") is None
+    assert host.failed == [] and g.counts.auth_refused == {"missing": 1, "unknown_key": 1}
+    assert g.admit(decline + PeerAuth([KEY]).sign_frames(decline), "10.0.0.9") == decline
+    assert g.counts.num_admitted == 1 and g.counts.rejected == {}
+    assert gate(Host()).admit(decline, "10.0.0.9") == decline, "without a secret: admitted as upstream's ABORT is"
+
+
 def test_decode_side_aux_data_needs_a_waiting_room():
     host = Host()
     g = gate(host, side=Side.DECODE)
@@ -160,7 +176,7 @@ def test_guarded_socket_returns_only_admitted_frames_and_works_with_pollers():
     host.peers[PEER.name] = PeerRecord(PEER.ip, PEER.port)
     auth = PeerAuth([KEY])
     errors = []
-    sock = GuardedSocket.around(raw, gate(host, auth=auth), on_error=lambda: errors.append(1), housekeeping_s=0.05)
+    sock = GuardedSocket.around(raw, gate(host, auth=auth), on_error=errors.append, housekeeping_s=0.05)
     push = ctx.socket(zmq.PUSH)
     push.connect(f"tcp://127.0.0.1:{port}")
     signer = SigningSocket.around(push, auth)

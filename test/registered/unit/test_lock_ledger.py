@@ -96,3 +96,33 @@ def test_integrity_detects_node_lock_ref_drift():
     assert any("its nodes hold" in p for p in problems)
     node.lock_ref -= 1
     assert check_integrity(pool.tree, pool.allocator, ledger, idle=True).ok
+
+
+def test_lock_lifecycle_follows_the_one_transition_table(pool, ledger):
+    """PLANNED -> HELD -> RELEASED is allowed; anything else is refused and counted, and a refused
+    release (the second one) never reaches the tree."""
+    from sglang_pd.srt.mem_cache.lock_ledger import TRANSITIONS, LockState, LockTransitionError
+
+    assert TRANSITIONS[LockState.RELEASED] == frozenset()
+    pool.cache_tokens(list(range(8)))
+    node = pool.match(list(range(8))).last_device_node
+    with owner_scope("planned-req", 8, state=LockState.PLANNED):
+        lock = pool.tree.lock(node)
+    assert ledger.state_of(lock) is LockState.PLANNED
+    assert ledger.summary()["oldest"][0]["state"] == "planned"
+    ledger.transition(lock, LockState.HELD)
+    with pytest.raises(LockTransitionError, match="held -> planned not allowed"):
+        ledger.transition(lock, LockState.PLANNED)
+    with pytest.raises(LockTransitionError, match="held -> released not allowed"):
+        ledger.transition(lock, LockState.RELEASED)  # releases go through unlock (record_release) only
+    pool.tree.unlock(lock)
+    assert ledger.state_of(lock) is LockState.RELEASED
+    with pytest.raises(LockTransitionError, match="released -> held not allowed"):
+        ledger.transition(lock, LockState.HELD)
+    pool.tree.unlock(lock)  # RELEASED -> RELEASED: refused, never reaches the tree
+    assert ledger.summary()["num_refused_transitions"] == 4 and ledger.num_double_releases == 1
+    assert ledger.counters.get("tree_locks_outstanding") == 0  # the gauge follows every lock and release
+    assert pool.integrity(ledger).ok
+    with pytest.raises(LockTransitionError, match="cannot start in state released"):
+        with owner_scope("x", state=LockState.RELEASED):
+            pass

@@ -2,13 +2,7 @@
 
 import pytest
 
-from sglang_pd.srt.mem_cache.common import (
-    check_decode_prefix_len,
-    kv_to_page_indices,
-    kv_to_page_num,
-    num_pages_to_transfer,
-    page_align_floor,
-)
+from sglang_pd.srt.mem_cache.common import check_decode_prefix_len, kv_to_page_num, page_align_floor
 
 pytestmark = pytest.mark.unit
 
@@ -25,21 +19,6 @@ def test_page_align_floor(tokens, page, expected):
 ])
 def test_kv_to_page_num(tokens, page, expected):
     assert kv_to_page_num(tokens, page) == expected
-
-
-def test_kv_to_page_indices_paged_layout():
-    # Two full pages (ids 3 and 7) and a partial third (id 1) of page size 4.
-    slots = [12, 13, 14, 15, 28, 29, 30, 31, 4, 5]
-    assert kv_to_page_indices(slots, 4) == [3, 7, 1]
-    assert kv_to_page_indices(slots, 1) == slots
-    assert kv_to_page_indices([], 16) == []
-
-
-@pytest.mark.parametrize("prompt,prefix,page,expected", [
-    (40, 0, 1, 40), (58, 48, 1, 10), (64, 64, 16, 0), (65, 64, 16, 1), (100, 96, 16, 1), (100, 0, 16, 7),
-])
-def test_num_pages_to_transfer(prompt, prefix, page, expected):
-    assert num_pages_to_transfer(prompt, prefix, page) == expected
 
 
 @pytest.mark.parametrize("prefix,prompt,page,message", [

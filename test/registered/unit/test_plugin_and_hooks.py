@@ -8,8 +8,8 @@ import textwrap
 
 import pytest
 
-from sglang_pd.hooks import HOOK_TABLE, hooks_for
-from sglang_pd.process_state import ProcessKind
+from sglang_pd.srt.hooks.table import HOOK_TABLE, hooks_for, registrations_for
+from sglang_pd.srt.state import ProcessKind
 
 pytestmark = pytest.mark.unit
 
@@ -27,18 +27,32 @@ def _resolve(target: str):
     raise ImportError(target)
 
 
+_LITERALS = (type(None), bool, int, float, str, tuple, list)
+
+
 @pytest.mark.parametrize("spec", HOOK_TABLE, ids=lambda s: s.target.rsplit(".", 2)[-2] + "." + s.target.rsplit(".", 1)[-1])
 def test_every_hook_target_resolves_and_signatures_line_up(spec):
+    """Each hook takes exactly its target's parameters: same order, kinds, names (the instance may be
+    named for its role), defaults present in the same places and equal where upstream's is a literal.
+    Callers pass arguments by keyword too, so a hook that drifted from its target breaks at run time."""
     target = _resolve(spec.target)
     assert callable(target)
+    owner, name = _resolve(spec.target.rsplit(".", 1)[0]), spec.target.rsplit(".", 1)[1]
+    if isinstance(owner, type) and isinstance(owner.__dict__.get(name), classmethod):
+        target = owner.__dict__[name].__func__  # SGLang's registry hands a classmethod's hook the class first
     assert spec.why, "every hook states why it exists"
-    target_params = list(inspect.signature(target).parameters)
-    hook_params = list(inspect.signature(spec.fn).parameters)
+    target_params = list(inspect.signature(target).parameters.values())
+    hook_params = list(inspect.signature(spec.fn).parameters.values())
     if spec.hook_type in ("AFTER", "AROUND"):
         hook_params = hook_params[1:]  # result / original come first
-    if any(p.startswith("*") for p in map(str, inspect.signature(spec.fn).parameters.values())):
-        return  # a *args hook accepts any signature
     assert len(hook_params) == len(target_params), (spec.target, hook_params, target_params)
+    for i, (mine, theirs) in enumerate(zip(hook_params, target_params)):
+        where = f"{spec.target} parameter {i} ({theirs.name})"
+        assert mine.kind == theirs.kind, where
+        assert mine.name == theirs.name or (i == 0 and theirs.name in ("self", "cls")), where
+        assert (mine.default is inspect.Parameter.empty) == (theirs.default is inspect.Parameter.empty), where
+        if isinstance(theirs.default, _LITERALS):
+            assert mine.default == theirs.default, where
 
 
 def test_table_targets_are_unique_per_process():
@@ -57,31 +71,33 @@ def test_entry_point_loads_in_main_and_scheduler_processes():
     proc = _run("""
         from sglang.srt.plugins import load_plugins
         from sglang.srt.plugins.hook_registry import HookRegistry
-        from sglang_pd.process_state import STATE
+        from sglang_pd.srt.state import current
         def run_scheduler_process():
             load_plugins()
         run_scheduler_process()
-        print("KIND", STATE.kind.value)
+        print("KIND", current().kind.value)
         print("PATCHED", sorted(HookRegistry._patched))
-        print("SNAP", STATE.snapshot()["applied_hooks"])
+        print("SNAP", current().snapshot()["applied_hooks"])
     """)
     assert proc.returncode == 0, proc.stderr
     assert "KIND scheduler" in proc.stdout
-    expected = [f"{s.hook_type} {s.target}" for s in hooks_for(ProcessKind.SCHEDULER)]
+    expected = ([f"{s.hook_type} {s.target}" for s in hooks_for(ProcessKind.SCHEDULER)]
+                + [f"REGISTER {r.target}" for r in registrations_for(ProcessKind.SCHEDULER)])
     assert f"SNAP {expected}" in proc.stdout, "every scheduler hook of the table is really patched"
     assert "sglang.srt.disaggregation.prefill.PrefillBootstrapQueue.finalize_bootstrap" in proc.stdout
     assert "sglang_pd 0.1.0 active in scheduler process" in proc.stderr
 
     proc = _run("""
         from sglang.srt.plugins import load_plugins
-        from sglang_pd.process_state import STATE
+        from sglang_pd.srt.state import current
         load_plugins()
-        print("KIND", STATE.kind.value)
-        print("PATCHED", STATE.patched_hooks())
+        print("KIND", current().kind.value)
+        print("PATCHED", current().patched_hooks())
     """)
     assert proc.returncode == 0, proc.stderr
     assert "KIND http" in proc.stdout
-    expected = [f"{s.hook_type} {s.target}" for s in hooks_for(ProcessKind.HTTP)]
+    expected = ([f"{s.hook_type} {s.target}" for s in hooks_for(ProcessKind.HTTP)]
+                + [f"REGISTER {r.target}" for r in registrations_for(ProcessKind.HTTP)])
     assert f"PATCHED {expected}" in proc.stdout
 
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from conftest import make_req
-from sglang_pd.process_state import STATE
+from sglang_pd.srt.state import current
 from sglang_pd.srt.disaggregation.radix_resume import RadixResume, ResumeError, slice_cpu_backup
 from sglang_pd.srt.mem_cache.standalone import paged_tree
 from sglang_pd.srt.mem_cache.tree_integrity import check_integrity
@@ -124,7 +124,7 @@ def test_resume_reuses_cached_prefix_and_restores_only_the_rest(world, ledger):
     req, fill_len = world.retracted_request("r1", prompt, outputs)
     expected = [world.token_value(t, i) + 1 for i, t in enumerate((prompt + outputs)[:fill_len])]
 
-    resume = RadixResume()
+    resume = RadixResume(ledger.counters)
     plan, loaded_all = _resume(world, resume, req, fill_len)
 
     assert plan.prefix_len == 16 and plan.fill_len == fill_len == 23 and not loaded_all
@@ -139,7 +139,7 @@ def test_resume_reuses_cached_prefix_and_restores_only_the_rest(world, ledger):
 
 def test_resume_without_cached_prefix_falls_back_to_full_restore(world, ledger):
     req, fill_len = world.retracted_request("r2", [70, 71, 72, 73, 74, 75], [80, 81, 82])
-    resume = RadixResume()
+    resume = RadixResume(ledger.counters)
     plan, loaded_all = _resume(world, resume, req, fill_len)
     assert plan.prefix_len == 0 and loaded_all and req.lock is None and ledger.owners() == {}
     assert world.row_kv(req, fill_len) == [world.token_value(t, i) + 1
@@ -153,7 +153,7 @@ def test_fully_cached_sequence_still_restores_at_least_one_token(world, ledger):
     seq = list(range(200, 216))
     world.cache_prefix(seq)
     req, fill_len = world.retracted_request("r3", seq[:12], seq[12:] + [999])  # fill_len == 16, all cached
-    resume = RadixResume()
+    resume = RadixResume(ledger.counters)
     plan, _ = _resume(world, resume, req, fill_len)
     assert 0 < plan.num_restored_tokens <= world.page_size and plan.prefix_len % world.page_size == 0
     assert world.row_kv(req, fill_len) == [world.token_value(t, i) + 1 for i, t in enumerate(seq)]
@@ -166,10 +166,10 @@ def test_resume_refuses_a_request_still_holding_a_lock(world, ledger):
 
     world.cache_prefix(list(range(1, 17)))
     req, fill_len = world.retracted_request("r4", list(range(1, 17)) + [5], [6, 7])
-    resume = RadixResume()
+    resume = RadixResume(ledger.counters)
     resume.match_and_lock(req, world.tree, fill_len, match_kv_cache)
     with pytest.raises(ResumeError, match="still holding"):
         resume.match_and_lock(req, world.tree, fill_len, match_kv_cache)
     world.tree.unlock(req.lock)
     req.lock = None
-    assert ledger.owners() == {} and STATE.lock_ledger is ledger
+    assert ledger.owners() == {} and current().lock_ledger is ledger

@@ -26,9 +26,12 @@ def test_stamp_format_decides_reconversion(tmp_path):
 
 
 def test_converted_folder_is_returned_without_converting(tmp_path, monkeypatch):
+    from sglang_pd.models import ensure_model_dir
+
     monkeypatch.setenv("SGLANG_PD_MODEL_DIR", str(tmp_path))
     folder = tmp_path / "smollm2-135m-instruct"
     folder.mkdir()
     (folder / real_model._STAMP).write_text(json.dumps({"format": real_model._FORMAT}))
     monkeypatch.setattr(real_model, "_convert", lambda *a: pytest.fail("must not convert again"))
-    assert real_model.ensure_smollm2_dir() == folder
+    assert real_model.ensure_smollm2_dir(tmp_path) == folder
+    assert ensure_model_dir("smollm2") == folder  # the models registry resolves the same folder

@@ -8,15 +8,21 @@ from pathlib import Path
 
 import pytest
 
-from sglang_pd.config import validate
+from sglang_pd.config import Settings, problems as validate
 from sglang_pd.srt.disaggregation.early_rejection import (PROBE_INTERVAL_S, TtftPredictor, decide_rejection,
                                                           retry_after_from)
 from sglang_pd.srt.disaggregation.itl_admission import HEADROOM, PROBE_BATCH, StepMeter, decide_admission
 from sglang_pd.srt.disaggregation.slo_controller import SloController
 from sglang_pd.srt.disaggregation.step_time_model import RobustLinearFit, StepTimeModel
 from sglang_pd.srt.pd_metrics import PDCounters
+from sglang_pd.srt.state import ProcessKind, build_state
 
 pytestmark = pytest.mark.unit
+
+
+def _scheduler_state(environ: dict):
+    """A scheduler process's objects, built the way plugin.register() builds them."""
+    return build_state(ProcessKind.SCHEDULER, Settings.from_env(environ))
 
 TRACES = json.loads((Path(__file__).parents[2] / "fixtures" / "decode_step_traces.json").read_text())["traces"]
 
@@ -63,6 +69,31 @@ def test_step_meter_pairs_launches_and_drops_idle_gaps():
     assert len(meter.recent) == 1 and meter.ewma_step_s == pytest.approx(0.02)
 
 
+def test_local_extend_tokens_ride_on_their_step_and_its_cost_is_learnt():
+    """A decode-local prefill extend between two decode launches belongs to the first step's sample; with
+    nothing decoding (or after idle) the open gap is no step. The model learns the extend's per-token cost,
+    and admission predicts the step that carries an extend with it."""
+    meter = StepMeter()
+    meter.on_step_start(1.0, 4, 400, after_idle=False)
+    meter.on_local_extend(32, num_running=4, after_idle=False)
+    sample = meter.on_step_start(1.05, 6, 600, after_idle=False)
+    assert (sample.num_running, sample.num_local_tokens) == (4, 32)
+    assert meter.on_step_start(1.07, 6, 606, after_idle=False).num_local_tokens == 0
+    meter.on_local_extend(16, num_running=0, after_idle=False)  # nothing was decoding
+    assert meter.on_step_start(9.0, 1, 100, after_idle=False) is None
+
+    rng, model = random.Random(5), StepTimeModel()
+    for _ in range(400):
+        n = rng.randrange(1, 17)
+        local = rng.choice((0, 0, 0, 16, 32, 64))
+        model.add(n, n * 800, _true_step(n, n * 800) + 0.0004 * local + rng.gauss(0, 0.0005), local)
+    assert model.predict(8, 6400, 64) - model.predict(8, 6400) == pytest.approx(0.0256, abs=0.004)
+    plain = decide_admission(model, 0.060, 3, 2400, [800] * 8)
+    with_extends = decide_admission(model, 0.060, 3, 2400, [800] * 8, extend_lens=[32] * 8)
+    assert with_extends.num_admit < plain.num_admit
+    assert with_extends.predicted_step_s <= 0.060 * HEADROOM
+
+
 @pytest.mark.parametrize("trace", sorted(TRACES))
 def test_admission_on_recorded_trace_keeps_predicted_and_observed_steps_in_target(trace):
     samples = TRACES[trace]
@@ -90,7 +121,7 @@ def test_admission_on_recorded_trace_keeps_predicted_and_observed_steps_in_targe
 
 def _simulate(target_s: float | None, num_requests=48, new_tokens=32, prompt_len=800, seed=3):
     """A decode loop on the synthetic step time: admission per step, everyone waiting at t=0."""
-    rng, ctl = random.Random(seed), SloController(itl_target_s=target_s)
+    rng, ctl = random.Random(seed), SloController(target_s, None, PDCounters())
     waiting = [prompt_len] * num_requests
     running: list[list[int]] = []  # [kv_len, tokens left]
     now, steps, first_token = 0.0, [], []
@@ -114,7 +145,7 @@ def test_closed_loop_keeps_median_step_within_target_and_unlimited_does_not():
     capped_step, capped_ttft, ctl = _simulate(0.060)
     assert free_step > 0.120  # everyone at once: ~48 requests per step
     assert capped_step <= 0.060
-    assert ctl.step_model.ready() and ctl.num_deferred_steps > 0
+    assert ctl.step_model.ready() and ctl.snapshot()["num_deferred_steps"] > 0
     assert capped_ttft > free_ttft  # the price: later first tokens
 
 
@@ -143,26 +174,26 @@ def test_ttft_predictor_learns_queue_wait_and_rejection_names_both_figures():
 
 def test_controller_refuses_without_remembering_and_counts():
     counters = PDCounters()
-    ctl = SloController(ttft_target_s=10.0, counters=counters)
+    ctl = SloController(None, 10.0, counters)
     for i in range(20):  # all predicted within 10 s: accepted, and learnt from
         assert not ctl.on_entry(f"ok{i}", float(i), i % 5, 32).reject
         ctl.on_admitted([f"ok{i}"], float(i) + 0.5 * (i % 5))
     ctl.ttft_target_s = 1.0
     refused = ctl.on_entry("late", 21.5, 9, 32)  # predicted 4.5 s > 1 s
-    assert refused.reject and ctl.num_rejected == 1 and counters.values["early_rejected_requests_total"] == 1
+    assert refused.reject and ctl.snapshot()["num_rejected"] == 1 and counters.values["early_rejected_requests_total"] == 1
     assert ctl.ttft.num_pending == 0  # refused: nothing remembered for it
     assert "exceeds the target 1000 ms" in ctl.last_rejection
     assert ctl.snapshot()["num_rejected"] == 1
     # Nothing learnt for PROBE_INTERVAL_S (everyone refused): the next one goes through as a probe.
     probe = ctl.on_entry("probe", 21.5 + PROBE_INTERVAL_S, 9, 32)
-    assert not probe.reject and ctl.num_probes == 1 and ctl.ttft.num_pending == 1
+    assert not probe.reject and ctl.snapshot()["num_probes"] == 1 and ctl.ttft.num_pending == 1
     # The rest of a burst arriving before the probe is admitted is refused: one probe per interval.
     assert all(ctl.on_entry(f"burst{i}", 22.0 + PROBE_INTERVAL_S, 9, 32).reject for i in range(5))
-    assert ctl.num_probes == 1
+    assert ctl.snapshot()["num_probes"] == 1
 
 
 def test_a_refusing_predictor_relearns_from_probes():
-    ctl = SloController(ttft_target_s=1.0)
+    ctl = SloController(None, 1.0, PDCounters())
     now = 0.0
     for i in range(16):  # a start-up burst: long waits whatever is ahead (they sat in prefill's queue)
         ctl.on_entry(f"b{i}", now, i % 4, 32)
@@ -180,7 +211,7 @@ def test_a_refusing_predictor_relearns_from_probes():
 
 
 def test_controller_without_targets_limits_and_refuses_nothing():
-    ctl = SloController.from_env({})
+    ctl = _scheduler_state({}).slo
     assert ctl.admission_for(3, 3000, [800] * 9) is None
     assert not ctl.on_entry("r", 0.0, 100, 5000).reject
 
@@ -190,8 +221,9 @@ def test_target_settings_are_validated_by_name():
     problems = validate({"SGLANG_PD_ITL_TARGET_MS": "0", "SGLANG_PD_TTFT_TARGET_MS": "fast"})
     assert "SGLANG_PD_ITL_TARGET_MS='0' must be > 0 milliseconds" in problems
     assert "SGLANG_PD_TTFT_TARGET_MS='fast' is not a number of milliseconds" in problems
-    ctl = SloController.from_env({"SGLANG_PD_ITL_TARGET_MS": "40", "SGLANG_PD_TTFT_TARGET_MS": "2000"})
-    assert (ctl.itl_target_s, ctl.ttft_target_s) == (0.04, 2.0)
+    state = _scheduler_state({"SGLANG_PD_ITL_TARGET_MS": "40", "SGLANG_PD_TTFT_TARGET_MS": "2000"})
+    assert (state.slo.itl_target_s, state.slo.ttft_target_s) == (0.04, 2.0)
+    assert state.slo.counters is state.counters  # wired to the process's one PDCounters
 
 
 def test_a_steady_batch_keeps_the_last_fit():

@@ -15,7 +15,7 @@ released by `close()`, so every lock the round took is released exactly once.
 
 Sizing is behind `RoundSizer`, so the same planner runs inside the server (sizes from SGLang's own
 budget functions) and in `bench_admission` / unit tests (sizes from a bare allocator and tree).
-Mutating: `plan`, `take`, `close`. Scheduler thread only.
+Mutating: `open`, `plan`, `take`, `close`. Scheduler thread only.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Any, Callable, Protocol, Sequence
 
 from sglang_pd.srt.disaggregation.decode_admission import DecodePrefixAdmission
 from sglang_pd.srt.mem_cache.common import kv_to_page_num, request_kind
+from sglang_pd.srt.mem_cache.lock_ledger import LockState
 
 
 class RoundSizer(Protocol):
@@ -57,31 +58,46 @@ class RoundPlan:
 
 
 class AdmissionRound:
-    """One round at a time: `plan` -> `take` per request by SGLang's loop -> `close`."""
+    """One round at a time: `open` -> `plan` (first request) -> `take` per request by SGLang's loop -> `close`.
 
-    def __init__(self, admission: DecodePrefixAdmission, counters=None):
+    Planned locks are PLANNED in the ledger until `take` hands them to SGLang's loop (HELD);
+    `close` releases the ones nobody took. Counts into the admission's PDCounters.
+    """
+
+    def __init__(self, admission: DecodePrefixAdmission):
         self.admission = admission
-        self.counters = counters  # PDCounters, optional
+        self.ledger = admission.ledger
+        self.counters = admission.counters
         self._matches: dict[str, tuple[Any, Any]] = {}  # rid -> (req, MatchResult): locked, not taken
         self._tree = None
-        self.num_rounds = 0
-        self.num_evictions = 0
-        self.num_planned = 0
-        self.max_round_size = 0
-        self.num_released_unused = 0
+        self._scope: Any = None   # the SGLang prealloc queue whose pop_preallocated call is in progress
+        self._planned = False
+
+    def open(self, scope: Any) -> None:
+        """Start a round for `scope` (one pop_preallocated call); it is planned on its first request."""
+        self._scope, self._planned = scope, False
+
+    def needs_plan(self, scope: Any) -> bool:
+        """True when a round is open for `scope` and has not been planned yet (read-only)."""
+        return self._scope is scope and not self._planned
+
+    def is_open_for(self, scope: Any) -> bool:
+        """True while a round is open for `scope` (read-only)."""
+        return scope is not None and self._scope is scope
 
     def plan(self, reqs: Sequence[Any], tree_cache: Any, sizer: RoundSizer, match_fn: Callable) -> RoundPlan:
-        """Match and lock `reqs` in order while they fit, then evict once for the round's shortfall.
+        """Match and lock (PLANNED) `reqs` in order while they fit, then evict once for the round's shortfall.
 
-        `match_fn` is SGLang's `match_kv_cache`. Raises RuntimeError if a round is still open.
+        `match_fn` is SGLang's `match_kv_cache`. Raises RuntimeError if a round still holds locks.
         """
         if self._matches:
             raise RuntimeError("admission round planned while the previous one still holds locks")
-        self._tree = tree_cache
+        self._tree, self._planned = tree_cache, True
         rids: list[str] = []
         num_alloc = refused = 0
         for req in reqs:
-            result = self.admission.match_and_lock(req, tree_cache, request_kind(req), match_fn)
+            result = self.admission.match_and_lock(req, tree_cache, request_kind(req), match_fn,
+                                                   state=LockState.PLANNED)
             self._matches[str(req.rid)] = (req, result)  # from here on close() releases it
             prefix_len = self.admission.plan_for(str(req.rid)).decode_prefix_len
             alloc = sizer.alloc_tokens(req, prefix_len)
@@ -94,26 +110,31 @@ class AdmissionRound:
             num_alloc += alloc
         shortfall = num_alloc - sizer.available()
         evicted = sizer.evict(shortfall) if shortfall > 0 else 0
-        self.num_rounds += 1
-        self.num_evictions += shortfall > 0
-        if shortfall > 0 and self.counters is not None:
-            self.counters.add("admission_round_evictions_total", 1)
-        self.num_planned += len(rids)
-        self.max_round_size = max(self.max_round_size, len(rids))
+        self.counters.add("admission_rounds_total")
+        if shortfall > 0:
+            self.counters.add("admission_round_evictions_total")
+        self.counters.add("admission_round_planned_requests_total", len(rids))
+        if len(rids) > self.counters.get("admission_round_max_size"):
+            self.counters.set("admission_round_max_size", len(rids))
         return RoundPlan(tuple(rids), refused, num_alloc, evicted)
 
     def take(self, req: Any) -> Any | None:
-        """The planned, locked match of `req` (handed over once), or None if it was not planned."""
+        """The planned, locked match of `req` (handed over once: its lock becomes HELD), or None."""
         entry = self._matches.pop(str(req.rid), None)
-        return None if entry is None else entry[1]
+        if entry is None:
+            return None
+        if req.lock is not None:
+            self.ledger.transition(req.lock, LockState.HELD)
+        return entry[1]
 
     def close(self) -> int:
         """Release the locks of planned matches nobody took; returns how many. Ends the round."""
         unused = list(self._matches.values())
         self._matches.clear()
+        self._scope, self._planned = None, False
         for req, _result in unused:
             self._unlock(req)
-        self.num_released_unused += len(unused)
+        self.counters.add("admission_round_released_unused_total", len(unused))
         return len(unused)
 
     def _unlock(self, req: Any) -> None:
@@ -122,10 +143,13 @@ class AdmissionRound:
             req.lock = None
 
     def snapshot(self) -> dict:
-        """JSON-able counters (read-only)."""
-        return {"num_rounds": self.num_rounds, "num_evictions": self.num_evictions,
-                "num_planned": self.num_planned, "max_round_size": self.max_round_size,
-                "num_released_unused": self.num_released_unused}
+        """JSON-able counters (read-only, from PDCounters)."""
+        count = lambda name: int(self.counters.get(name))  # noqa: E731
+        return {"num_rounds": count("admission_rounds_total"),
+                "num_evictions": count("admission_round_evictions_total"),
+                "num_planned": count("admission_round_planned_requests_total"),
+                "max_round_size": count("admission_round_max_size"),
+                "num_released_unused": count("admission_round_released_unused_total")}
 
 
 class PoolSizer:

@@ -17,7 +17,7 @@ from typing import Any, Callable
 
 from sglang_pd.srt.mem_cache.common import (RequestKind, check_decode_prefix_len, kv_to_page_num,
                                             page_align_floor)
-from sglang_pd.srt.mem_cache.lock_ledger import LockLedger, owner_scope
+from sglang_pd.srt.mem_cache.lock_ledger import LockLedger, LockState, owner_scope
 
 
 class AdmissionError(RuntimeError):
@@ -37,7 +37,7 @@ class AdmissionPlan:
     num_new_pages: int        # pages to receive: ceil((prompt_len - decode_prefix_len) / page_size)
 
 
-@dataclass
+@dataclass(frozen=True)
 class HandoffRecord:
     """What was actually handed to the transfer layer for a planned request."""
 
@@ -49,31 +49,24 @@ class DecodePrefixAdmission:
     """Owns match+lock for decode requests and the record of plans and hand-offs.
 
     Mutating: `match_and_lock`, `record_handoff`. Read-only: `plan_for`, `snapshot`.
-    Must be called on the scheduler thread (the only thread touching the tree).
+    Counts into `ledger.counters`. Must be called on the scheduler thread (the only thread
+    touching the tree).
     """
 
-    def __init__(self, ledger: LockLedger, max_plans: int = 4096, counters=None):
+    def __init__(self, ledger: LockLedger, max_plans: int = 4096):
         self.ledger = ledger
-        self.counters = counters  # PDCounters, optional
+        self.counters = ledger.counters
         self.max_plans = max_plans
-        self._plans: OrderedDict[str, AdmissionPlan] = OrderedDict()
-        self._handoffs: dict[str, HandoffRecord] = {}
-        self.num_requests = 0
-        self.num_skipped_tree = 0
-        self.num_prompt_tokens = 0
-        self.num_prefix_hit_tokens = 0
-        self.num_pages_planned = 0
-        self.num_pages_saved = 0
-        self.num_handoff_mismatches = 0
-        self.num_replans = 0  # admitted again before any hand-off: the earlier lock was given back
-        self.num_stale_locks_released = 0
+        # rid -> (plan, hand-off or None), oldest first; bounded by max_plans
+        self._records: OrderedDict[str, tuple[AdmissionPlan, HandoffRecord | None]] = OrderedDict()
 
     def match_and_lock(self, req: Any, tree_cache: Any, kind: RequestKind, match_fn: Callable,
-                       max_prefix_len: int | None = None) -> Any:
-        """Match `req.origin_input_ids`, lock the matched node as `req.lock`, record the plan.
+                       max_prefix_len: int | None = None, state: LockState = LockState.HELD) -> Any:
+        """Match `req.origin_input_ids`, lock the matched node as `req.lock` in `state`, record the plan.
 
         A zero-length match takes no lock (`req.lock` is None). A lock still held from an earlier,
-        refused attempt of the same request is released first.
+        refused attempt of the same request is released first. `state` is HELD when SGLang's loop
+        owns the lock at once, PLANNED when an admission round holds it until the loop takes it.
 
         `match_fn` is SGLang's `match_kv_cache(req, tree, token_ids, max_prefix_len=...)`, which adopts
         the hit as the request's prefix. Returns its MatchResult. Raises AdmissionError if the hit is
@@ -97,7 +90,7 @@ class DecodePrefixAdmission:
         if prefix_len == 0:
             req.lock = None  # nothing to protect; a root lock would only be one more to lose
         else:
-            with owner_scope(str(req.rid), num_tokens=matched):
+            with owner_scope(str(req.rid), num_tokens=matched, state=state):
                 req.lock = tree_cache.lock(result.last_device_node)
         self._record_plan(AdmissionPlan(str(req.rid), kind, prompt_len, page_size, matched, prefix_len,
                                         kv_to_page_num(prompt_len - prefix_len, page_size)))
@@ -113,63 +106,67 @@ class DecodePrefixAdmission:
         if stale is not None:
             tree_cache.unlock(stale)
             req.lock = None
-            self.num_stale_locks_released += 1
+            self.counters.add("decode_stale_locks_released_total")
 
     def _record_plan(self, plan: AdmissionPlan) -> None:
-        if plan.rid in self._plans and plan.rid not in self._handoffs:
-            self.num_replans += 1
-        self._plans.pop(plan.rid, None)
-        self._plans[plan.rid] = plan
-        while len(self._plans) > self.max_plans:
-            old_rid, _ = self._plans.popitem(last=False)
-            self._handoffs.pop(old_rid, None)
-        self.num_requests += 1
+        old = self._records.pop(plan.rid, None)
+        if old is not None and old[1] is None:
+            self.counters.add("decode_replans_total")
+        self._records[plan.rid] = (plan, None)
+        while len(self._records) > self.max_plans:
+            self._records.popitem(last=False)
+        self.counters.add("decode_admitted_requests_total")
         if plan.kind is not RequestKind.NORMAL:
-            self.num_skipped_tree += 1
-            return
-        saved = kv_to_page_num(plan.prompt_len, plan.page_size) - plan.num_new_pages
-        self.num_prompt_tokens += plan.prompt_len
-        self.num_prefix_hit_tokens += plan.decode_prefix_len
-        self.num_pages_planned += plan.num_new_pages
-        self.num_pages_saved += saved
-        if self.counters is not None:
-            self.counters.add("decode_prompt_tokens_total", plan.prompt_len)
-            self.counters.add("decode_prefix_hit_tokens_total", plan.decode_prefix_len)
-            self.counters.add("decode_pages_saved_total", saved)
+            self.counters.add("decode_tree_skipped_requests_total")
 
     def record_handoff(self, rid: str, decode_prefix_len: int, num_pages: int) -> AdmissionPlan | None:
         """Record what SGLang handed to the transfer layer; count (and return) a mismatching plan.
 
-        Returns the plan if the hand-off disagrees with it, else None. Requests admitted outside
-        this class (e.g. rebootstrap after retraction) have no plan and are not counted.
+        The request's prompt, hit and page counters are added here, at its first hand-off: a request
+        re-planned after a refusal is counted once, with the plan it was admitted with. Returns the
+        plan if the hand-off disagrees with it, else None. Requests admitted outside this class
+        (e.g. rebootstrap after retraction) have no plan and are not counted.
         """
-        self._handoffs[rid] = HandoffRecord(decode_prefix_len, num_pages)
-        plan = self._plans.get(rid)
-        if plan is None or plan.kind is not RequestKind.NORMAL:
+        record = self._records.get(rid)
+        if record is None:
             return None
+        plan, earlier = record
+        self._records[rid] = (plan, HandoffRecord(decode_prefix_len, num_pages))
+        if plan.kind is not RequestKind.NORMAL:
+            return None
+        if earlier is None:
+            self._count_admitted(plan)
         if (plan.decode_prefix_len, plan.num_new_pages) != (decode_prefix_len, num_pages):
-            self.num_handoff_mismatches += 1
+            self.counters.add("decode_handoff_mismatches_total")
             return plan
         return None
 
+    def _count_admitted(self, plan: AdmissionPlan) -> None:
+        self.counters.add("decode_prompt_tokens_total", plan.prompt_len)
+        self.counters.add("decode_prefix_hit_tokens_total", plan.decode_prefix_len)
+        self.counters.add("decode_pages_planned_total", plan.num_new_pages)
+        self.counters.add("decode_pages_saved_total",
+                          kv_to_page_num(plan.prompt_len, plan.page_size) - plan.num_new_pages)
+
     def plan_for(self, rid: str) -> AdmissionPlan | None:
         """The plan recorded for `rid` (None if unknown or dropped)."""
-        return self._plans.get(rid)
+        record = self._records.get(rid)
+        return None if record is None else record[0]
 
     def snapshot(self, max_recent: int = 256) -> dict:
-        """JSON-able counters plus the most recent plans with their hand-offs."""
-        recent = list(self._plans.values())[-max_recent:]
+        """JSON-able counters (from PDCounters) plus the most recent plans with their hand-offs."""
+        count = lambda name: int(self.counters.get(name))  # noqa: E731
+        recent = list(self._records.values())[-max_recent:]
         return {
-            "num_requests": self.num_requests,
-            "num_skipped_tree": self.num_skipped_tree,
-            "num_prompt_tokens": self.num_prompt_tokens,
-            "num_prefix_hit_tokens": self.num_prefix_hit_tokens,
-            "num_pages_planned": self.num_pages_planned,
-            "num_pages_saved": self.num_pages_saved,
-            "num_handoff_mismatches": self.num_handoff_mismatches,
-            "num_replans": self.num_replans,
-            "num_stale_locks_released": self.num_stale_locks_released,
-            "plans": {p.rid: dict(asdict(p), kind=p.kind.value,
-                                  handoff=asdict(self._handoffs[p.rid]) if p.rid in self._handoffs else None)
-                      for p in recent},
+            "num_requests": count("decode_admitted_requests_total"),
+            "num_skipped_tree": count("decode_tree_skipped_requests_total"),
+            "num_prompt_tokens": count("decode_prompt_tokens_total"),
+            "num_prefix_hit_tokens": count("decode_prefix_hit_tokens_total"),
+            "num_pages_planned": count("decode_pages_planned_total"),
+            "num_pages_saved": count("decode_pages_saved_total"),
+            "num_handoff_mismatches": count("decode_handoff_mismatches_total"),
+            "num_replans": count("decode_replans_total"),
+            "num_stale_locks_released": count("decode_stale_locks_released_total"),
+            "plans": {p.rid: dict(asdict(p), kind=p.kind.value, handoff=asdict(h) if h else None)
+                      for p, h in recent},
         }

@@ -4,7 +4,7 @@
 the original): `recv_multipart` hands its caller only messages the `HandshakeGate` admitted, with
 the auth trailer removed, and drops the rest without returning. While idle it wakes every
 `housekeeping_s` so the gate can expire unclaimed rooms. A bug in the gate drops that one message
-(counted, logged once) instead of ending the reading thread.
+(the caller's `on_error` counts and logs it) instead of ending the reading thread.
 
 `SigningSocket` shadows a PUSH socket: `send_multipart` appends the `PeerAuth` trailer.
 
@@ -13,7 +13,6 @@ Neither owns the libzmq socket: the SGLang object it shadows does (kept referenc
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
 from typing import Callable
@@ -23,24 +22,21 @@ import zmq
 from sglang_pd.srt.disaggregation.handshake_gate import HandshakeGate
 from sglang_pd.srt.disaggregation.peer_auth import PeerAuth
 
-logger = logging.getLogger(__name__)
-
 
 class GuardedSocket(zmq.Socket):
     """A PULL socket whose recv_multipart returns admitted messages only. Used by one reading thread."""
 
     # Class-level names: pyzmq treats unknown instance attributes as socket options.
     gate: HandshakeGate = None
-    on_error: Callable[[], None] = None
+    on_error: Callable[[str], None] = None
     before_admit: Callable[[], None] = None   # test-only fault point; may raise (ends the reading thread)
     reader: threading.Thread | None = None
     _raw: zmq.Socket = None
     _housekeeping_s: float = 1.0
     _next_housekeeping: float = 0.0
-    _errors_logged: int = 0
 
     @classmethod
-    def around(cls, raw: zmq.Socket, gate: HandshakeGate, on_error: Callable[[], None],
+    def around(cls, raw: zmq.Socket, gate: HandshakeGate, on_error: Callable[[str], None],
                housekeeping_s: float = 1.0, before_admit: Callable[[], None] = lambda: None) -> "GuardedSocket":
         """Shadow `raw` (which keeps owning the libzmq socket) behind `gate`."""
         sock = cls.shadow(raw.underlying)
@@ -85,10 +81,7 @@ class GuardedSocket(zmq.Socket):
             self._gate_error("housekeeping")
 
     def _gate_error(self, doing: str) -> None:
-        self.on_error()
-        if self._errors_logged < 3:
-            self._errors_logged += 1
-            logger.exception("sglang_pd: handshake gate failed while %s; the message was dropped", doing)
+        self.on_error(doing)  # inside the except block: counts and logs (with traceback) what failed
 
 
 class SigningSocket(zmq.Socket):

@@ -11,6 +11,8 @@ Who sends what (frame index after the NIXL guard frame where there is one):
 
   prefill rank socket (decode -> prefill), both backends:
     ABORT      [b"ABORT", room, (decode ip, decode port, (generation))]
+    decline    [b"ABORT", room, decode ip, decode port, b"0", b"sglang_pd:decline", status, message]
+               (ours: srt/disaggregation/room_decline.py; read by upstream as an ABORT of the room)
     BOOTSTRAP  [b"BOOTSTRAP", room, decode ip, decode port]     (prefill_complete allocation only)
     WATERMARK / STAGING_RSP                                      (staging buffer only)
   mooncake:
@@ -42,6 +44,8 @@ from typing import Callable, NamedTuple
 
 from sglang_pd.srt.disaggregation import frame_fields as ff
 from sglang_pd.srt.disaggregation.frame_fields import FrameError
+from sglang_pd.srt.disaggregation.room_decline import MARKER as DECLINE_MARKER
+from sglang_pd.srt.disaggregation.room_decline import DeclineError, parse_decline
 
 NIXL_GUARD = b"NixlMsgGuard"
 MAX_FRAMES = 32
@@ -68,6 +72,7 @@ class MessageKind(str, enum.Enum):
     REGISTRATION = "registration"
     TRANSFER_INFO = "transfer_info"
     ABORT = "abort"
+    DECLINE = "decline"
     BOOTSTRAP = "bootstrap"
     STATUS = "status"
     ABORT_ACK = "abort_ack"
@@ -142,6 +147,8 @@ def _route(msg: list[bytes], limits: FrameLimits):
     """(schema, kind, frames) for the message, or (None, kind, reason)."""
     head = msg[0]
     if limits.side is Side.PREFILL:
+        if head == b"ABORT" and len(msg) > 5 and msg[5] == DECLINE_MARKER:
+            return _decline, MessageKind.DECLINE, msg
         if head == b"ABORT":
             return _abort, MessageKind.ABORT, msg
         if head == b"BOOTSTRAP":
@@ -193,6 +200,20 @@ def _abort(msg, limits, reader):
         _endpoint(msg, 2, reader)
     if len(msg) == 5:
         ff.ascii_int(msg[4], "generation", 0, MAX_INT)
+
+
+def _decline(msg, limits, reader):
+    """A room decline: upstream's ABORT frames (generation 0) then ours, read by room_decline's own parser."""
+    reader.room = ff.room(msg[1])
+    _frames(msg, 8, 8, "decline")
+    _endpoint(msg, 2, reader)
+    ff.one_of(msg[4], "decline generation", (b"0",))
+    if len(msg[7]) > MAX_REASON_BYTES:
+        raise FrameError(f"decline message has {len(msg[7])} bytes, more than {MAX_REASON_BYTES}")
+    try:
+        parse_decline(msg)
+    except DeclineError as exc:
+        raise FrameError(str(exc)) from None
 
 
 def _bootstrap(msg, limits, reader):

@@ -1,49 +1,35 @@
 """What one process holds to guard its PD peers: keys, the rank socket's gate, the thread watch.
 
-Built by the hooks (`srt/hooks/`): the keys at plugin start, the gate and watch when SGLang builds
-its KV manager (scheduler process), the HTTP counts when the bootstrap server starts (prefill's HTTP
-process). Read by /sglang_pd/stats and the /health check through `snapshot()`.
+Built by `srt/state.py` from the settings (keys, room TTL); completed by the hooks (`srt/hooks/`):
+the gate and watch when SGLang builds its KV manager (scheduler process), the HTTP counts when the
+bootstrap server starts (prefill's HTTP process). Read by /sglang_pd/stats and the /health check through `snapshot()`.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Callable
 
 from sglang_pd.srt.disaggregation.handshake_gate import HandshakeGate
-from sglang_pd.srt.disaggregation.peer_auth import DEFAULT_MAX_SKEW_S, PeerAuth
+from sglang_pd.srt.disaggregation.peer_auth import PeerAuth
 from sglang_pd.srt.disaggregation.room_expiry import RoomTombstones
 from sglang_pd.srt.disaggregation.thread_watch import ThreadWatch
 
 logger = logging.getLogger(__name__)
 
-SECRET_ENV = "SGLANG_PD_PEER_SECRET_FILE"        # declared in sglang_pd.config
-SKEW_ENV = "SGLANG_PD_PEER_AUTH_MAX_SKEW_S"
-ROOM_TTL_ENV = "SGLANG_PD_UNCLAIMED_ROOM_TTL_S"
-DEFAULT_ROOM_TTL_S = 120.0
 UNAUTHENTICATED_WARNING = (
-    f"{SECRET_ENV} is not set: PD peers are NOT authenticated. Any process that can reach this server's "
-    "bootstrap port or ZMQ rank socket can register as a prefill rank or decode peer, claim a waiting "
+    "SGLANG_PD_PEER_SECRET_FILE is not set: PD peers are NOT authenticated. Any process that can reach this "
+    "server's bootstrap port or ZMQ rank socket can register as a prefill rank or decode peer, claim a waiting "
     "request's KV (users' prompts) and mark transfers done. Set the same secret file on every PD server "
     "(README: Security model)")
 
 
-def load_auth(environ=None) -> PeerAuth | None:
-    """PeerAuth from SGLANG_PD_PEER_SECRET_FILE (validated by sglang_pd.config first), or None if unset."""
-    env = os.environ if environ is None else environ
-    path = env.get(SECRET_ENV)
-    if not path:
-        return None
-    return PeerAuth.from_file(path, float(env.get(SKEW_ENV, DEFAULT_MAX_SKEW_S)))
-
-
-def room_ttl_s(environ=None) -> float:
-    """Seconds an unclaimed room's transfer infos are kept (validated by sglang_pd.config)."""
-    env = os.environ if environ is None else environ
-    return float(env.get(ROOM_TTL_ENV, DEFAULT_ROOM_TTL_S))
+def load_auth(secret_file: Path | None, max_skew_s: float) -> PeerAuth | None:
+    """PeerAuth from the secret file (already checked by Settings), or None when no file is configured."""
+    return None if secret_file is None else PeerAuth.from_file(secret_file, max_skew_s)
 
 
 @dataclass
@@ -77,6 +63,7 @@ class PeerGuard:
     """Per-process guard objects (None until the matching SGLang object exists here)."""
 
     auth: PeerAuth | None = None
+    room_ttl_s: float = 120.0                   # SGLANG_PD_UNCLAIMED_ROOM_TTL_S
     gate: HandshakeGate | None = None
     watch: ThreadWatch | None = None
     tombstones: RoomTombstones | None = None

@@ -14,6 +14,7 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass
 
 from sglang_pd.srt.mem_cache.common import kv_to_page_num
+from sglang_pd.srt.pd_metrics import PDCounters
 
 
 @dataclass
@@ -32,27 +33,21 @@ class RoomTransfer:
 
 
 class PrefillTransferLog:
-    """Bounded record of recent rooms (oldest dropped first) plus running totals.
+    """Bounded record of recent rooms (oldest dropped first); totals counted into PDCounters.
 
-    Mutating methods: `record_bootstrap`, `record_rejection`, `record_pages_sent`. Read-only: `get`, `snapshot`.
+    Mutating: `record_bootstrap`, `record_rejection`, `record_pages_sent`, `record_nixl_pages`,
+    `record_stall`, `record_computed`, `record_decline`. Read-only: `get`, `computed_tokens`, `snapshot`.
     """
 
-    def __init__(self, max_rooms: int = 4096):
+    def __init__(self, counters: PDCounters, max_rooms: int = 4096):
         if max_rooms < 1:
             raise ValueError(f"max_rooms must be >= 1, got {max_rooms}")
+        self.counters = counters
         self.max_rooms = max_rooms
         self._rooms: OrderedDict[int, RoomTransfer] = OrderedDict()
-        self.num_requests = 0
-        self.num_prompt_tokens = 0
-        self.num_decode_prefix_tokens = 0
-        self.num_pages_planned = 0
-        self.num_pages_sent = 0
-        self.num_pages_sent_unknown_room = 0
-        self.num_rejected = 0
-        self.num_pages_nixl = 0
-        self.num_bytes_nixl = 0
-        self.num_nixl_stalls = 0
         self._rejections: OrderedDict[int, tuple[str, str]] = OrderedDict()  # room -> (rid, reason)
+        self._computed: OrderedDict[int, int] = OrderedDict()  # room -> prompt tokens prefill's model ran
+        self._declines: OrderedDict[int, dict] = OrderedDict()  # room -> what the declined half answered
 
     def record_bootstrap(self, room: int, rid: str, prompt_len: int, page_size: int,
                          decode_prefix_len: int) -> RoomTransfer:
@@ -63,34 +58,37 @@ class PrefillTransferLog:
         self._rooms[room] = entry
         while len(self._rooms) > self.max_rooms:
             self._rooms.popitem(last=False)
-        self.num_requests += 1
-        self.num_prompt_tokens += prompt_len
-        self.num_decode_prefix_tokens += decode_prefix_len
-        self.num_pages_planned += planned
+        self.counters.add("prefill_requests_total")
+        self.counters.add("prefill_prompt_tokens_total", prompt_len)
+        self.counters.add("prefill_decode_prefix_tokens_total", decode_prefix_len)
+        self.counters.add("prefill_pages_planned_total", planned)
         return entry
 
-    def record_rejection(self, room: int, rid: str, reason: str) -> None:
-        """Record a request prefill refused (bad decode_prefix_len or transfer info)."""
-        self.num_rejected += 1
+    def record_rejection(self, room: int | None, rid: str, reason: str) -> None:
+        """Count a request prefill refused (bad decode_prefix_len or transfer info); kept by room if known."""
+        self.counters.add("prefill_rejected_requests_total")
+        if room is None:
+            return
         self._rejections[room] = (rid, reason)
         while len(self._rejections) > self.max_rooms:
             self._rejections.popitem(last=False)
 
-    def record_pages_sent(self, room: int, num_pages: int) -> None:
-        """Add `num_pages` KV pages handed to the transport for `room`."""
+    def record_pages_sent(self, room: int, num_pages: int, num_bytes: int) -> None:
+        """Add `num_pages` KV pages (`num_bytes`) handed to the transport for `room`."""
         if num_pages < 0:
             raise ValueError(f"num_pages must be >= 0, got {num_pages}")
-        self.num_pages_sent += num_pages
+        self.counters.add("kv_pages_transferred_total", num_pages)
+        self.counters.add("kv_bytes_transferred_total", num_bytes)
         entry = self._rooms.get(room)
         if entry is None:
-            self.num_pages_sent_unknown_room += num_pages
+            self.counters.add("prefill_pages_sent_unknown_room_total", num_pages)
         else:
             entry.num_pages_sent += num_pages
 
     def record_nixl_pages(self, room: int | None, num_pages: int, num_bytes: int) -> None:
         """Add pages/bytes NIXL was asked to move for `room` (None: unknown room)."""
-        self.num_pages_nixl += num_pages
-        self.num_bytes_nixl += num_bytes
+        self.counters.add("nixl_pages_total", num_pages)
+        self.counters.add("nixl_bytes_total", num_bytes)
         entry = self._rooms.get(room) if room is not None else None
         if entry is not None:
             entry.num_pages_nixl += num_pages
@@ -98,27 +96,58 @@ class PrefillTransferLog:
 
     def record_stall(self) -> None:
         """Count a NIXL transfer declared stalled (and failed)."""
-        self.num_nixl_stalls += 1
+        self.counters.add("nixl_stalls_total")
+
+    def record_computed(self, room: int, num_tokens: int) -> None:
+        """Prefill's model just ran `num_tokens` prompt tokens of `room` (one extend forward)."""
+        if num_tokens < 0:
+            raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
+        self.counters.add("prefill_computed_tokens_total", num_tokens)
+        self._computed[room] = self._computed.pop(room, 0) + num_tokens
+        _trim(self._computed, self.max_rooms)
+
+    def record_decline(self, room: int, rid: str, status: int | None, message: str) -> None:
+        """Prefill answered `room`'s half as declined by decode; counts the tokens it had computed anyway."""
+        computed = self.computed_tokens(room)
+        self.counters.add("prefill_declined_requests_total")
+        self.counters.add("prefill_declined_computed_tokens_total", computed)
+        self._declines[room] = {"rid": rid, "status": status, "message": message, "computed_tokens": computed}
+        _trim(self._declines, self.max_rooms)
+
+    def computed_tokens(self, room: int) -> int:
+        """Prompt tokens prefill's model ran for `room` (0 if none, or forgotten)."""
+        return self._computed.get(room, 0)
 
     def get(self, room: int) -> RoomTransfer | None:
         """The record for `room`, or None if unknown or already dropped."""
         return self._rooms.get(room)
 
     def snapshot(self, max_recent: int = 256) -> dict:
-        """JSON-able totals plus the most recent `max_recent` rooms (room ids as strings)."""
+        """JSON-able totals (from PDCounters) plus the most recent `max_recent` rooms (ids as strings)."""
+        count = lambda name: int(self.counters.get(name))  # noqa: E731
         recent = list(self._rooms.values())[-max_recent:]
         return {
-            "num_requests": self.num_requests,
-            "num_prompt_tokens": self.num_prompt_tokens,
-            "num_decode_prefix_tokens": self.num_decode_prefix_tokens,
-            "num_pages_planned": self.num_pages_planned,
-            "num_pages_sent": self.num_pages_sent,
-            "num_pages_sent_unknown_room": self.num_pages_sent_unknown_room,
-            "num_rejected": self.num_rejected,
-            "num_pages_nixl": self.num_pages_nixl,
-            "num_bytes_nixl": self.num_bytes_nixl,
-            "num_nixl_stalls": self.num_nixl_stalls,
+            "num_requests": count("prefill_requests_total"),
+            "num_prompt_tokens": count("prefill_prompt_tokens_total"),
+            "num_decode_prefix_tokens": count("prefill_decode_prefix_tokens_total"),
+            "num_pages_planned": count("prefill_pages_planned_total"),
+            "num_pages_sent": count("kv_pages_transferred_total"),
+            "num_pages_sent_unknown_room": count("prefill_pages_sent_unknown_room_total"),
+            "num_rejected": count("prefill_rejected_requests_total"),
+            "num_pages_nixl": count("nixl_pages_total"),
+            "num_bytes_nixl": count("nixl_bytes_total"),
+            "num_nixl_stalls": count("nixl_stalls_total"),
             "rejections": {str(room): {"rid": rid, "reason": reason}
                            for room, (rid, reason) in list(self._rejections.items())[-max_recent:]},
             "rooms": {str(r.room): asdict(r) for r in recent},
+            "num_computed_tokens": count("prefill_computed_tokens_total"),
+            "computed_tokens": {str(room): n for room, n in list(self._computed.items())[-max_recent:]},
+            "num_declined": count("prefill_declined_requests_total"),
+            "num_declined_computed_tokens": count("prefill_declined_computed_tokens_total"),
+            "declines": {str(room): d for room, d in list(self._declines.items())[-max_recent:]},
         }
+
+
+def _trim(table: OrderedDict, max_len: int) -> None:
+    while len(table) > max_len:
+        table.popitem(last=False)

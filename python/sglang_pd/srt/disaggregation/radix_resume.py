@@ -24,6 +24,7 @@ from typing import Any, Callable
 
 from sglang_pd.srt.mem_cache.common import page_align_floor
 from sglang_pd.srt.mem_cache.lock_ledger import owner_scope
+from sglang_pd.srt.pd_metrics import PDCounters
 
 
 @dataclass(frozen=True)
@@ -65,13 +66,9 @@ def slice_cpu_backup(kv_cache_cpu: list, start: int, chunk_size: int) -> list:
 class RadixResume:
     """Owns re-match + lock for resumed requests, the partial restore, and the saving counters."""
 
-    def __init__(self, counters=None):
-        self.counters = counters  # PDCounters, optional
+    def __init__(self, counters: PDCounters):
+        self.counters = counters
         self._pending: dict[str, ResumePlan] = {}  # matched, restore not done yet
-        self.num_resumed = 0
-        self.num_backup_tokens = 0      # tokens a full restore copies back (upstream's resume)
-        self.num_restored_tokens = 0    # tokens this path copied back
-        self.num_reused_tokens = 0      # tokens taken from the tree instead
 
     def match_and_lock(self, req: Any, tree_cache: Any, fill_len: int, match_fn: Callable) -> ResumePlan:
         """Match the request's own tokens [0, fill_len) and lock the page-aligned hit as `req.lock`.
@@ -133,25 +130,22 @@ class RadixResume:
         req.last_node = None  # SGLang binds the root prefix again when the request is scheduled
 
     def _count(self, plan: ResumePlan) -> None:
-        self.num_resumed += 1
-        self.num_backup_tokens += plan.fill_len
-        self.num_restored_tokens += plan.num_restored_tokens
-        self.num_reused_tokens += plan.prefix_len
-        if self.counters is not None:
-            self.counters.add("resume_requests_total", 1)
-            self.counters.add("resume_backup_tokens_total", plan.fill_len)
-            self.counters.add("resume_restored_tokens_total", plan.num_restored_tokens)
+        self.counters.add("resume_requests_total")
+        self.counters.add("resume_backup_tokens_total", plan.fill_len)       # a full restore's copy
+        self.counters.add("resume_restored_tokens_total", plan.num_restored_tokens)  # this path's copy
 
     def plan_for(self, rid: str) -> ResumePlan | None:
         """The plan of a request matched but not yet restored (None otherwise)."""
         return self._pending.get(str(rid))
 
     def snapshot(self) -> dict:
-        """JSON-able counters: restored tokens with re-match vs what a full restore would copy."""
+        """JSON-able counters (from PDCounters): restored tokens with re-match vs a full restore's."""
+        backup = int(self.counters.get("resume_backup_tokens_total"))
+        restored = int(self.counters.get("resume_restored_tokens_total"))
         return {
-            "num_resumed": self.num_resumed,
-            "num_backup_tokens": self.num_backup_tokens,
-            "num_restored_tokens": self.num_restored_tokens,
-            "num_reused_tokens": self.num_reused_tokens,
+            "num_resumed": int(self.counters.get("resume_requests_total")),
+            "num_backup_tokens": backup,
+            "num_restored_tokens": restored,
+            "num_reused_tokens": backup - restored,  # taken from the tree instead
             "pending": {rid: asdict(p) for rid, p in self._pending.items()},
         }

@@ -3,38 +3,25 @@
     StepMeter --samples--> StepTimeModel --> decide_admission   (SGLANG_PD_ITL_TARGET_MS)
     entries / admissions --> TtftPredictor --> decide_rejection (SGLANG_PD_TTFT_TARGET_MS)
 
-Hooks (slo_hooks.py) call `on_step_start`, `admission_for`, `on_admitted` and `on_entry`; each
-returns plain values, never touches SGLang objects. Without either target the controller still
+Hooks (srt/hooks/scheduler.py, decode_scheduler.py, decode_prealloc_queue.py) call `on_step_start`,
+`on_local_extend`, `admission_for`, `on_admitted` and `on_entry`; each returns plain values, never touches SGLang objects. Without either target the controller still
 measures steps (observability) but never limits or refuses anything. Scheduler thread only.
 """
 
 from __future__ import annotations
 
-import os
-from typing import Mapping, Sequence
+from typing import Sequence
 
-from sglang_pd.config import PREFIX
 from sglang_pd.srt.disaggregation.early_rejection import RejectionDecision, TtftPredictor, decide_rejection
 from sglang_pd.srt.disaggregation.itl_admission import AdmissionDecision, StepMeter, decide_admission
 from sglang_pd.srt.disaggregation.step_time_model import StepTimeModel
-
-ITL_ENV = f"{PREFIX}ITL_TARGET_MS"
-TTFT_ENV = f"{PREFIX}TTFT_TARGET_MS"
-
-
-def _seconds_from_ms(environ: Mapping[str, str], name: str) -> float | None:
-    # config.validate() refuses bad values before any hook runs; here a bad value just reads as unset.
-    try:
-        value = float(environ[name]) / 1000.0
-    except (KeyError, ValueError):
-        return None
-    return value if value > 0 else None
+from sglang_pd.srt.pd_metrics import PDCounters
 
 
 class SloController:
-    """Targets, step meter and models of one decode scheduler; counters are PDCounters (optional)."""
+    """Targets (seconds; None = no limit), step meter and models of one decode scheduler."""
 
-    def __init__(self, itl_target_s: float | None = None, ttft_target_s: float | None = None, counters=None):
+    def __init__(self, itl_target_s: float | None, ttft_target_s: float | None, counters: PDCounters):
         self.itl_target_s = itl_target_s
         self.ttft_target_s = ttft_target_s
         self.counters = counters
@@ -42,36 +29,34 @@ class SloController:
         self.step_model = StepTimeModel()
         self.ttft = TtftPredictor()
         self.last_decision: AdmissionDecision | None = None
-        self.num_deferred_steps = 0   # steps where the target held waiting requests back
-        self.num_rejected = 0
-        self.num_probes = 0
         self.last_rejection: str = ""
 
-    @classmethod
-    def from_env(cls, environ: Mapping[str, str] | None = None, counters=None) -> "SloController":
-        """Targets from SGLANG_PD_ITL_TARGET_MS / SGLANG_PD_TTFT_TARGET_MS (unset: no limit)."""
-        env = os.environ if environ is None else environ
-        return cls(_seconds_from_ms(env, ITL_ENV), _seconds_from_ms(env, TTFT_ENV), counters)
-
     def _gauge(self, name: str, value: float | None) -> None:
-        if self.counters is not None and value is not None:
+        if value is not None:
             self.counters.set(name, value)
 
     def on_step_start(self, now_s: float, num_running: int, num_tokens: int, after_idle: bool) -> None:
         """A decode forward starts: close the previous step's sample and learn from it (mutates)."""
         sample = self.meter.on_step_start(now_s, num_running, num_tokens, after_idle)
         if sample is not None:
-            self.step_model.add(sample.num_running, sample.num_tokens, sample.step_s)
+            self.step_model.add(sample.num_running, sample.num_tokens, sample.step_s, sample.num_local_tokens)
             self._gauge("decode_step_seconds_measured", self.meter.ewma_step_s)
 
-    def admission_for(self, num_running: int, num_tokens: int, waiting_lens: Sequence[int]) -> int | None:
-        """How many of the waiting requests (FIFO) may join now; None = no ITL target, take all."""
+    def on_local_extend(self, num_tokens: int, num_running: int, after_idle: bool) -> None:
+        """A decode-local prefill extend runs now: its tokens count in the current step's sample (mutates)."""
+        self.meter.on_local_extend(num_tokens, num_running, after_idle)
+
+    def admission_for(self, num_running: int, num_tokens: int, waiting_lens: Sequence[int],
+                      extend_lens: Sequence[int] | None = None) -> int | None:
+        """How many of the waiting requests (FIFO) may join now; None = no ITL target, take all.
+        `extend_lens`: local-prefill candidates' extend tokens (see decide_admission)."""
         if self.itl_target_s is None:
             return None
-        decision = decide_admission(self.step_model, self.itl_target_s, num_running, num_tokens, waiting_lens)
+        decision = decide_admission(self.step_model, self.itl_target_s, num_running, num_tokens, waiting_lens,
+                                    extend_lens=extend_lens)
         self.last_decision = decision
         if decision.num_admit < len(waiting_lens):
-            self.num_deferred_steps += 1
+            self.counters.add("decode_admission_deferred_steps_total")
         self._gauge("decode_admission_cap", decision.cap)
         self._gauge("decode_step_seconds_predicted", decision.predicted_step_s)
         return decision.num_admit
@@ -84,13 +69,11 @@ class SloController:
             return decide_rejection(None, 0.0)
         decision = decide_rejection(predicted, self.ttft_target_s)
         if decision.reject and self.ttft.take_probe(now_s):
-            self.num_probes += 1  # refused ones teach nothing: let this one through to keep learning
+            self.counters.add("early_rejection_probes_total")  # refused ones teach nothing: keep learning
             decision = decide_rejection(None, self.ttft_target_s)
         if decision.reject:
-            self.num_rejected += 1
+            self.counters.add("early_rejected_requests_total")
             self.last_rejection = decision.message
-            if self.counters is not None:
-                self.counters.add("early_rejected_requests_total", 1)
         else:
             self.ttft.on_entry(rid, now_s, num_ahead, num_uncached_tokens)
         return decision
@@ -110,9 +93,10 @@ class SloController:
             "step_model": step_fit._asdict(), "step_model_ready": self.step_model.ready(),
             "measured_step_ms": None if self.meter.ewma_step_s is None else self.meter.ewma_step_s * 1000,
             "last_admission": None if last is None else last._asdict(),
-            "num_deferred_steps": self.num_deferred_steps,
+            "num_deferred_steps": int(self.counters.get("decode_admission_deferred_steps_total")),
             "ttft_model": ttft_fit._asdict(), "ttft_pending": self.ttft.num_pending,
-            "num_rejected": self.num_rejected, "num_probes": self.num_probes, "last_rejection": self.last_rejection,
+            "num_rejected": int(self.counters.get("early_rejected_requests_total")),
+            "num_probes": int(self.counters.get("early_rejection_probes_total")), "last_rejection": self.last_rejection,
         }
         if self.itl_target_s is not None and last is not None and last.predicted_step_s is not None:
             snap["last_admission"]["predicted_step_ms"] = last.predicted_step_s * 1000

@@ -9,7 +9,9 @@ move together) well-posed, and slopes are kept non-negative: a feature the windo
 (e.g. uncached tokens when every request hits the cache) cannot get a negative slope that would
 make a larger request look faster. Coefficients are refit lazily, at most every `refit_every` samples.
 
-`StepTimeModel` fits seconds per decode step against (running requests, running tokens / 1000).
+`StepTimeModel` fits seconds per decode step against (running requests, running tokens / 1000,
+local-prefill tokens / 1000): a step that also ran a decode-local prefill extend (local_prefill.py)
+costs more, and that cost is learnt, not hidden in the noise.
 No SGLang import: testable on plain numbers and recorded traces.
 """
 
@@ -130,23 +132,23 @@ def _weighted_ridge(x: np.ndarray, y: np.ndarray, w: np.ndarray) -> np.ndarray:
 
 
 class StepTimeModel:
-    """Seconds per decode step as a function of running requests and running tokens (KV length)."""
+    """Seconds per decode step from running requests, running tokens (KV length) and local-prefill tokens."""
 
     def __init__(self, **fit_kwargs):
-        self.fit = RobustLinearFit(num_features=2, **fit_kwargs)
+        self.fit = RobustLinearFit(num_features=3, **fit_kwargs)
 
     @staticmethod
-    def features(num_running: int, num_tokens: int) -> tuple[float, float]:
-        """(requests, tokens / 1000): both slopes then have comparable magnitudes."""
-        return float(num_running), num_tokens / 1000.0
+    def features(num_running: int, num_tokens: int, num_local_tokens: int = 0) -> tuple[float, float, float]:
+        """(requests, tokens / 1000, local-prefill tokens / 1000): slopes of comparable magnitudes."""
+        return float(num_running), num_tokens / 1000.0, num_local_tokens / 1000.0
 
-    def add(self, num_running: int, num_tokens: int, step_s: float) -> None:
-        """Record one measured step (mutates)."""
-        self.fit.add(self.features(num_running, num_tokens), step_s)
+    def add(self, num_running: int, num_tokens: int, step_s: float, num_local_tokens: int = 0) -> None:
+        """Record one measured step, with the local-prefill tokens run inside it (mutates)."""
+        self.fit.add(self.features(num_running, num_tokens, num_local_tokens), step_s)
 
-    def predict(self, num_running: int, num_tokens: int) -> float | None:
-        """Predicted seconds for a step of this batch; None until the fit is ready."""
-        return self.fit.predict(self.features(num_running, num_tokens))
+    def predict(self, num_running: int, num_tokens: int, num_local_tokens: int = 0) -> float | None:
+        """Predicted seconds for a step of this batch (plus a local extend of that many tokens); None until ready."""
+        return self.fit.predict(self.features(num_running, num_tokens, num_local_tokens))
 
     def ready(self) -> bool:
         """True once there is a fit to predict with (see RobustLinearFit.coefficients)."""

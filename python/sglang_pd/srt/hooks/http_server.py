@@ -1,75 +1,113 @@
-"""SGLang's /health and /health_generate answer 503 when a PD thread of this server is dead.
+"""Hook on SGLang's HTTP server (entrypoints/http_server.py) and the routes sglang_pd adds to its app.
 
-Upstream's health check runs one token through the scheduler, which still works when the PD threads
-beside it (bootstrap, status listener, transfer workers) have died, so a server that can no longer
-pair a single request reported healthy. This ASGI middleware (mounted by sglang_pd.http_routes on
-SGLang's own app) turns a 200 into a 503 naming the dead threads: those the schedulers' thread
-watches report (fetched over SGLang's get_internal_state channel, at most once a second) and, on
-prefill, the bootstrap HTTP server's thread in this process.
+GET /sglang_pd/info   -> version, role, hooks applied in the HTTP and scheduler processes.
+GET /sglang_pd/stats  -> the scheduler-side state of every DP rank (counters, ledger, integrity, ...).
+POST /sglang_pd/faults -> arm test faults (mounted only with SGLANG_PD_ENABLE_FAULT_INJECTION=1).
+SGLang's /health and /health_generate answer 503 while a PD thread is dead (srt/disaggregation/health_guard.py).
 """
 
 from __future__ import annotations
 
-import json
-import time
+import sglang_pd
+from sglang_pd.srt.disaggregation.health_guard import HealthGuardMiddleware
+from sglang_pd.srt.disaggregation.retry_after import RetryAfterMiddleware
+from sglang_pd.srt.fault_injection import KEY_PREFIX
+from sglang_pd.srt.scrape_refresh import RefreshBeforeScrape
+from sglang_pd.srt.state import INTERNAL_STATE_KEY, current, mode_name
 
-HEALTH_PATHS = ("/health", "/health_generate")
-CACHE_S = 1.0
+INFO_PATH = "/sglang_pd/info"
+STATS_PATH = "/sglang_pd/stats"
+FAULTS_PATH = "/sglang_pd/faults"
 
 
-async def dead_pd_threads() -> dict[str, str]:
-    """name -> role of every dead PD thread of this server (HTTP process and its schedulers)."""
+async def _scheduler_states() -> list[dict]:
     from sglang.srt.entrypoints.http_server import get_global_state
 
-    from sglang_pd.http_routes import scheduler_states
+    states = await get_global_state().tokenizer_manager.get_internal_state()
+    return [s.get(INTERNAL_STATE_KEY, {}) for s in states]
+
+
+def _server_args():
+    from sglang.srt.entrypoints.http_server import get_global_state
+
+    return get_global_state().tokenizer_manager.server_args
+
+
+def _role() -> str:
+    return mode_name(_server_args().disaggregation_mode)
+
+
+async def info() -> dict:
+    """Plugin version, this server's role and every hook sglang_pd applied."""
+    schedulers = await _scheduler_states()
+    return {
+        "name": "sglang_pd",
+        "version": sglang_pd.__version__,
+        "sglang_version": sglang_pd.SUPPORTED_SGLANG_VERSION,
+        "role": _role(),
+        "model_path": str(_server_args().model_path),
+        "page_size": int(_server_args().page_size or 1),
+        "transfer_backend": str(_server_args().disaggregation_transfer_backend),
+        "http_hooks": current().patched_hooks(),
+        "scheduler_hooks": [s.get("applied_hooks", []) for s in schedulers],
+    }
+
+
+async def stats() -> dict:
+    """Scheduler-side counters of every DP rank, and this HTTP process's peer guard (bootstrap server)."""
+    return {"role": _role(), "schedulers": await _scheduler_states(),
+            "http_process": {"handshake": current().peer_guard.snapshot()}}
+
+
+async def arm_faults(body: dict) -> dict:
+    """Arm test faults on every scheduler: body {"<fault>": count}. Only mounted when enabled."""
+    from sglang.srt.entrypoints.http_server import get_global_state
+    from sglang.srt.managers.io_struct import SetInternalStateReq
+
+    keys = {f"{KEY_PREFIX}{name}": int(count) for name, count in body.items()}
+    updated = await get_global_state().tokenizer_manager.set_internal_state(SetInternalStateReq(server_args=keys))
+    if not all(updated):
+        from fastapi import HTTPException
+
+        raise HTTPException(status_code=400, detail=f"faults refused: {sorted(body)}; see server log")
+    return {"armed": body}
+
+
+def before_launch_server(server_args, init_tokenizer_manager_func=None, run_scheduler_process_func=None,
+                         run_detokenizer_process_func=None, execute_warmup_func=None, launch_callback=None):
+    """Mount our routes and middlewares before the app serves: the scrape refresh (integrity computed
+    for every /metrics scrape) and, with a TTFT target, Retry-After on early-rejection 503s."""
+    from sglang.srt.entrypoints.http_server import app
+
+    settings = current().settings
+    existing = {getattr(r, "path", None) for r in app.routes}
+    if INFO_PATH in existing:
+        return
+    app.add_api_route(INFO_PATH, info, methods=["GET"])
+    app.add_api_route(STATS_PATH, stats, methods=["GET"])
+    if settings.fault_injection:
+        app.add_api_route(FAULTS_PATH, arm_faults, methods=["POST"])
+    app.add_middleware(RefreshBeforeScrape, refresh=_refresh_schedulers)
+    if settings.ttft_target_s is not None:
+        app.add_middleware(RetryAfterMiddleware)
+    app.add_middleware(HealthGuardMiddleware, dead_threads=_dead_pd_threads)
+
+
+async def _refresh_schedulers() -> None:
+    """Every scheduler runs its integrity check (and updates its gauges) now: see srt/hooks/scheduler.py."""
+    await _scheduler_states()
+
+
+async def _dead_pd_threads() -> dict[str, str]:
+    """name -> role of every dead PD thread of this server (this HTTP process and its schedulers)."""
+    from sglang.srt.entrypoints.http_server import get_global_state
 
     dead: dict[str, str] = {}
     bootstrap = getattr(get_global_state().tokenizer_manager, "bootstrap_server", None)
     thread = getattr(bootstrap, "thread", None)
     if thread is not None and not thread.is_alive():
         dead[thread.name] = "bootstrap_http_server"
-    for state in await scheduler_states():
+    for state in await _scheduler_states():
         threads = (state.get("handshake") or {}).get("threads") or {}
         dead.update(threads.get("dead") or {})
     return dead
-
-
-class HealthGuardMiddleware:
-    """ASGI middleware: a 200 from /health becomes 503 while a PD thread is dead."""
-
-    def __init__(self, app):
-        self.app = app
-        self._checked_at = 0.0
-        self._dead: dict[str, str] = {}
-
-    async def __call__(self, scope, receive, send):
-        if scope.get("type") != "http" or scope.get("path") not in HEALTH_PATHS:
-            return await self.app(scope, receive, send)
-        held: list[dict] = []
-
-        async def hold(message):
-            held.append(message)
-
-        await self.app(scope, receive, hold)
-        status = next((m.get("status") for m in held if m["type"] == "http.response.start"), None)
-        dead = await self._current_dead() if status == 200 else {}
-        if not dead:
-            for message in held:
-                await send(message)
-            return
-        body = json.dumps({"error": "sglang_pd: PD thread(s) dead", "dead_threads": dead}).encode()
-        await send({"type": "http.response.start", "status": 503,
-                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
-
-    async def _current_dead(self) -> dict[str, str]:
-        if time.monotonic() - self._checked_at >= CACHE_S:
-            self._dead = await dead_pd_threads()
-            self._checked_at = time.monotonic()
-        return self._dead
-
-
-def mount_health_guard(app) -> None:
-    """Mount the middleware once, before the app starts serving."""
-    if not any(getattr(m, "cls", None) is HealthGuardMiddleware for m in app.user_middleware):
-        app.add_middleware(HealthGuardMiddleware)

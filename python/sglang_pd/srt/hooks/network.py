@@ -25,15 +25,15 @@ def frame_cap(num_bytes: int | None):
         _CAP.reset(token)
 
 
-def around_get_zmq_socket_on_host(original, context, socket_type, *args, **kwargs):
+def around_get_zmq_socket_on_host(original, context, socket_type, host=None, restrict_peers=False):
     """Bind with ZMQ_MAXMSGSIZE set when inside `frame_cap` and the socket is a PULL."""
     import zmq
 
     cap = _CAP.get()
     if cap is None or socket_type != zmq.PULL:
-        return original(context, socket_type, *args, **kwargs)
+        return original(context, socket_type, host, restrict_peers)
     context.setsockopt(zmq.MAXMSGSIZE, cap)  # pyzmq: default option for sockets this context creates
     try:
-        return original(context, socket_type, *args, **kwargs)
+        return original(context, socket_type, host, restrict_peers)
     finally:
         context.sockopts.pop(zmq.MAXMSGSIZE, None)

@@ -13,29 +13,40 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from sglang_pd.process_state import STATE
+from sglang_pd.srt.state import current
 from sglang_pd.srt.disaggregation import bootstrap_http
 from sglang_pd.srt.disaggregation.peer_auth import HTTP_HEADER, HTTP_RESPONSE_HEADER
 
 
-def around_session_request(original, session, method, url, *args, **kwargs):
-    """Sign a bootstrap request and verify its answer; pass anything else through."""
-    auth = STATE.peer_guard.auth
-    if auth is None or args or urlsplit(url).path not in bootstrap_http.GUARDED_PATHS:
-        return original(session, method, url, *args, **kwargs)
+def around_session_request(original, session, method, url, params=None, data=None, headers=None, cookies=None,
+                           files=None, auth=None, timeout=None, allow_redirects=True, proxies=None, hooks=None,
+                           stream=None, verify=None, cert=None, json=None):
+    """Sign a bootstrap request and verify its answer; pass anything else through unchanged."""
+    options = {"params": params, "data": data, "headers": headers, "cookies": cookies, "files": files, "auth": auth,
+               "timeout": timeout, "allow_redirects": allow_redirects, "proxies": proxies, "hooks": hooks,
+               "stream": stream, "verify": verify, "cert": cert, "json": json}
+    peer_auth = current().peer_guard.auth
+    if peer_auth is None or urlsplit(url).path not in bootstrap_http.GUARDED_PATHS:
+        return original(session, method, url, **options)
+    return _signed_request(original, session, method, url, options, peer_auth)
+
+
+def _signed_request(original, session, method, url, options: dict, peer_auth):
+    """Send with the auth header over method, path + query and the exact body bytes; verify the answer."""
     import requests
 
-    if "json" in kwargs:
-        kwargs["data"] = bootstrap_http.encode_json_body(kwargs.pop("json"))
-        kwargs["headers"] = {**(kwargs.get("headers") or {}), "Content-Type": "application/json"}
-    body = kwargs.get("data") or b""
+    if options["json"] is not None:
+        options["data"] = bootstrap_http.encode_json_body(options["json"])
+        options["json"] = None
+        options["headers"] = {**(options["headers"] or {}), "Content-Type": "application/json"}
+    body = options["data"] or b""
     body = body.encode() if isinstance(body, str) else bytes(body)
-    path_qs = requests.Request(method, url, params=kwargs.get("params")).prepare().path_url
-    header, nonce = auth.sign_http_request(method, path_qs, body)
-    kwargs["headers"] = {**(kwargs.get("headers") or {}), HTTP_HEADER: header}
-    response = original(session, method, url, **kwargs)
-    verdict = auth.verify_http_response(nonce, response.status_code, response.content,
-                                        response.headers.get(HTTP_RESPONSE_HEADER))
+    path_qs = requests.Request(method, url, params=options["params"]).prepare().path_url
+    header, nonce = peer_auth.sign_http_request(method, path_qs, body)
+    options["headers"] = {**(options["headers"] or {}), HTTP_HEADER: header}
+    response = original(session, method, url, **options)
+    verdict = peer_auth.verify_http_response(nonce, response.status_code, response.content,
+                                             response.headers.get(HTTP_RESPONSE_HEADER))
     if verdict.failure is None:
         return response
     return _refused(response, url, verdict.failure.value)
@@ -46,8 +57,9 @@ def _refused(response, url: str, failure: str):
     import requests
 
     host = urlsplit(url).netloc
-    STATE.counters.add("peer_auth_refused_total", 1)
-    STATE.peer_guard.http.add("auth_refused", f"response_{failure}", host,
+    state = current()
+    state.counters.add("peer_auth_refused_total", 1)
+    state.peer_guard.http.add("auth_refused", f"response_{failure}", host,
                               f"sglang_pd: answer of bootstrap server {host} to {urlsplit(url).path} refused: "
                               f"auth {failure} (status {response.status_code})")
     refused = requests.Response()

@@ -7,7 +7,6 @@ arguments that cannot describe a KV layout (page_size < 1, negative lengths).
 from __future__ import annotations
 
 import enum
-from typing import Sequence
 
 
 def _check_page_size(page_size: int) -> None:
@@ -36,26 +35,6 @@ def bytes_per_page(kv_args) -> int:
     return int(sum(kv_args.kv_item_lens))
 
 
-def kv_to_page_indices(kv_indices: Sequence[int], page_size: int) -> list[int]:
-    """Page index of every page touched by a page-aligned run of token slots.
-
-    `kv_indices` are token slot ids laid out page by page (slot = page * page_size + offset), as the
-    paged allocator hands them out; the first slot of each page gives its page id.
-    """
-    _check_page_size(page_size)
-    return [int(kv_indices[i]) // page_size for i in range(0, len(kv_indices), page_size)]
-
-
-def num_pages_to_transfer(prompt_len: int, decode_prefix_len: int, page_size: int) -> int:
-    """KV pages prefill must send: ceil((prompt_len - decode_prefix_len) / page_size).
-
-    Raises ValueError when `decode_prefix_len` is negative, not page-aligned or exceeds `prompt_len`
-    (such a value can only come from a broken or hostile decode peer).
-    """
-    check_decode_prefix_len(decode_prefix_len, prompt_len, page_size)
-    return kv_to_page_num(prompt_len - decode_prefix_len, page_size)
-
-
 def check_decode_prefix_len(decode_prefix_len: int, prompt_len: int, page_size: int) -> None:
     """Raise ValueError naming the problem unless 0 <= decode_prefix_len <= prompt_len, page-aligned."""
     _check_page_size(page_size)
@@ -68,6 +47,11 @@ def check_decode_prefix_len(decode_prefix_len: int, prompt_len: int, page_size: 
     if decode_prefix_len % page_size:
         raise ValueError(
             f"decode_prefix_len {decode_prefix_len} is not aligned to page size {page_size}")
+
+
+def request_kv_len(req) -> int:
+    """KV tokens a request holds or is about to hold: prompt + generated tokens."""
+    return len(req.origin_input_ids) + len(req.output_ids)
 
 
 class RequestKind(str, enum.Enum):

@@ -1,4 +1,4 @@
-"""Thin hook: SGLang's checkpoint_kv_cache goes through maybe_cache_unfinished_req."""
+"""Hook on SGLang's `mem_cache/common.py`: checkpoint_kv_cache through maybe_cache_unfinished_req."""
 
 from __future__ import annotations
 

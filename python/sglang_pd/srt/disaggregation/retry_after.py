@@ -9,10 +9,7 @@ Only 503 responses are buffered; everything else passes straight through.
 
 from __future__ import annotations
 
-import os
-
 from sglang_pd.srt.disaggregation.early_rejection import retry_after_from
-from sglang_pd.srt.disaggregation.slo_controller import TTFT_ENV
 
 
 class RetryAfterMiddleware:
@@ -40,11 +37,3 @@ class RetryAfterMiddleware:
             await send(message)
 
         return await self.app(scope, receive, send_with_header)
-
-
-def mount_retry_after(app) -> None:
-    """Mount the middleware when early rejection is configured (before the app starts serving)."""
-    if not os.environ.get(TTFT_ENV):
-        return
-    if not any(getattr(m, "cls", None) is RetryAfterMiddleware for m in app.user_middleware):
-        app.add_middleware(RetryAfterMiddleware)

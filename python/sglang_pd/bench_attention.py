@@ -1,0 +1,185 @@
+"""Decode attention per step: SGLang's torch_native backend vs sglang_pd_shared_prefix, side by side.
+
+    python -m sglang_pd.bench_attention [--geometry capacity|smollm2] [--batch 64] [--group-sizes 1,4,16,64]
+                                        [--prefix-lens 128,1024,4096] [--own-len 128] [--page-size 1]
+                                        [--repeats 5] [--threads 1] [--scatter] [--json PATH]
+
+No server: real SGLang objects only (MHATokenToKVPool with random K/V, ReqToTokenPool, paged allocator,
+RadixCache; RadixAttention layers), the real TorchNativeAttnBackend ("plain") and our
+SharedPrefixAttnBackend around another TorchNativeAttnBackend ("shared"). The allocator hands out
+pages in pool order, as a fresh server does; --scatter shuffles its free pages first (a long-running
+server's free list), which makes every gather slower for both backends.
+
+Workload per cell (group size g, prefix P): --batch running requests in batch/g groups; each group's
+prompt prefix of P tokens is cached in the radix tree and every member's row starts with the slots
+the tree matched (what decode admission gives it); each request then has its own part of
+--own-len x [0.5, 1.5) tokens (seeded) plus this step's token. g = 1: no two requests share anything.
+
+One step = init_forward_metadata + every layer's forward (stores this step's K/V, attends), as the
+model runs it; plain and shared steps alternate, --repeats timed each after one warm-up, median
+reported. "ratio" = plain / shared, measured side by side in this run. Outputs of the two are
+compared on every step (max abs diff). KV read per layer: plain reads every request's whole row;
+shared reads each group's prefix once plus the own parts (padding included).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import random
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from sglang_pd.bench.attention_world import GEOMETRIES, DecodeWorld, random_tokens
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One (group size, prefix) measurement."""
+
+    group_size: int
+    prefix_len: int
+    batch: int
+    plain_ms: float
+    shared_ms: float
+    ratio: float
+    num_groups: int
+    plain_kv_tokens: int
+    shared_kv_tokens: int
+    max_abs_diff: float
+
+
+def build_world(args, group_size: int, prefix_len: int) -> DecodeWorld:
+    """Pools sized for the cell; groups cached in the tree and their members' rows written."""
+    rng = random.Random(args.seed)
+    own_lens = [max(1, int(args.own_len * (0.5 + rng.random()))) for _ in range(args.batch)]
+    pages = lambda n: -(-n // args.page_size) * args.page_size  # noqa: E731
+    pool = sum(pages(n + 1) for n in own_lens) + (args.batch // group_size) * pages(prefix_len) + args.page_size
+    world = DecodeWorld(GEOMETRIES[args.geometry], args.page_size, pool, args.batch,
+                        pages(prefix_len) + 2 * args.own_len + 2, seed=args.seed, shuffle_free_pages=args.scatter)
+    for group in range(args.batch // group_size):
+        prefix = random_tokens(pages(prefix_len), rng)
+        world.cache_prefix(prefix)
+        for member in range(group_size):
+            slots = world.matched_slots(prefix + random_tokens(4, rng))[:prefix_len]
+            world.add_request(slots, own_lens[group * group_size + member])
+    return world
+
+
+def _timed(world: DecodeWorld, backend, batch, inputs) -> tuple[float, list[torch.Tensor]]:
+    start = time.perf_counter()
+    out = world.run_step(backend, batch, inputs)
+    return time.perf_counter() - start, out
+
+
+def measure(args, group_size: int, prefix_len: int) -> Cell:
+    """Alternate plain and shared steps on one world; medians and the largest output difference."""
+    world = build_world(args, group_size, prefix_len)
+    batch = world.decode_batch()
+    plain_s, shared_s, diff = [], [], 0.0
+    for rep in range(args.repeats + 1):
+        inputs = world.step_inputs()
+        tp, out_p = _timed(world, world.plain, batch, inputs)
+        ts, out_s = _timed(world, world.shared, batch, inputs)
+        diff = max(diff, max(float((a - b).abs().max()) for a, b in zip(out_p, out_s)))
+        if rep:  # the first round warms allocator and caches
+            plain_s.append(tp)
+            shared_s.append(ts)
+    step = world.stats.last_step
+    plain_ms, shared_ms = statistics.median(plain_s) * 1000, statistics.median(shared_s) * 1000
+    return Cell(group_size, prefix_len, args.batch, round(plain_ms, 3), round(shared_ms, 3),
+                round(plain_ms / shared_ms, 2), step.num_groups, sum(world.seq_lens),
+                step.num_shared_tokens + step.num_own_tokens, diff)
+
+
+def format_table(cells: list[Cell]) -> str:
+    """The side-by-side table printed by main()."""
+    head = (f"{'group':>5} {'prefix':>6} {'plain ms':>9} {'shared ms':>9} {'ratio':>6} {'groups':>6}"
+            f" {'plain KV/layer':>14} {'shared KV/layer':>15} {'max|diff|':>9}")
+    rows = [f"{c.group_size:>5} {c.prefix_len:>6} {c.plain_ms:>9.2f} {c.shared_ms:>9.2f} {c.ratio:>6.2f}"
+            f" {c.num_groups:>6} {c.plain_kv_tokens:>14} {c.shared_kv_tokens:>15} {c.max_abs_diff:>9.1e}"
+            for c in cells]
+    return "\n".join([head, "-" * len(head), *rows])
+
+
+def plot(cells: list[Cell], path: str) -> None:
+    """PNG: plain / shared step-time ratio against the shared prefix length, one line per group size."""
+    from sglang_pd.bench.report import pyplot
+
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for group_size in sorted({c.group_size for c in cells}):
+        row = sorted((c.prefix_len, c.ratio) for c in cells if c.group_size == group_size)
+        ax.plot([p for p, _ in row], [r for _, r in row], marker="o", label=f"{group_size} per group")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    prefixes = sorted({c.prefix_len for c in cells})
+    ax.set(xscale="log", xlabel="shared prefix (tokens)", ylabel="plain / shared step time",
+           title="decode attention per step: torch_native / shared-prefix")
+    ax.set_xticks(prefixes, [str(p) for p in prefixes])
+    ax.minorticks_off()
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+def replot(json_path: str) -> None:
+    """Redraw the PNG beside a JSON this module wrote (no measurement)."""
+    cells = [Cell(**c) for c in json.loads(Path(json_path).read_text())["cells"]]
+    plot(cells, str(Path(json_path).with_suffix(".png")))
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--geometry", choices=sorted(GEOMETRIES), default="capacity")
+    p.add_argument("--batch", type=int, default=64, help="running requests per step")
+    p.add_argument("--group-sizes", default="1,4,16,64", help="requests sharing one prefix (divide --batch)")
+    p.add_argument("--prefix-lens", default="128,1024,4096", help="shared prefix lengths (tokens)")
+    p.add_argument("--own-len", type=int, default=128, help="mean own tokens per request (x 0.5-1.5, seeded)")
+    p.add_argument("--page-size", type=int, default=1)
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (servers here run with 1)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--scatter", action="store_true", help="shuffle the allocator's free pages (scattered slots)")
+    p.add_argument("--json", help="write the cells and settings here (and a PNG of the ratios beside it)")
+    args = p.parse_args(argv)
+    args.group_sizes = [int(g) for g in args.group_sizes.split(",")]
+    args.prefix_lens = [int(n) for n in args.prefix_lens.split(",")]
+    bad = [g for g in args.group_sizes if g < 1 or args.batch % g]
+    if bad or args.repeats < 1 or args.own_len < 1 or args.page_size < 1:
+        p.error(f"group sizes must divide --batch {args.batch} (bad: {bad}); --repeats, --own-len,"
+                " --page-size must be >= 1")
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    torch.set_num_threads(args.threads)
+    cells = []
+    for prefix_len in args.prefix_lens:
+        for group_size in args.group_sizes:
+            cells.append(measure(args, group_size, prefix_len))
+            print(format_table(cells[-1:]).splitlines()[-1], flush=True)
+    geometry = GEOMETRIES[args.geometry]
+    print(f"\nbench_attention geometry={args.geometry} {asdict(geometry)} page_size={args.page_size} "
+          f"batch={args.batch} own_len~{args.own_len} threads={args.threads} repeats={args.repeats} "
+          f"free pages {'scattered' if args.scatter else 'in pool order'} "
+          f"({platform.machine()}, {torch.get_num_threads()} torch thread(s))\n")
+    print(format_table(cells))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        settings = {k: v for k, v in vars(args).items() if k != "json"}
+        Path(args.json).write_text(json.dumps({"settings": settings, "geometry": asdict(geometry),
+                                               "cells": [asdict(c) for c in cells]}, indent=2))
+        plot(cells, str(Path(args.json).with_suffix(".png")))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,164 @@
+"""`--attention-backend sglang_pd_shared_prefix`: decode attention by shared physical prefix.
+
+Registered by name in SGLang's own attention-backend registry (`ATTENTION_BACKENDS`) and argument
+choices (`ATTENTION_BACKEND_CHOICES`) by the plugin, so a server selects it on its command line.
+The backend wraps SGLang's `TorchNativeAttnBackend` (built from the same model runner) and:
+
+- extend / prefill / idle forwards: delegated to the wrapped backend unchanged;
+- decode forwards: grouped once per forward (`init_forward_metadata`) by the KV slots the requests'
+  req_to_token rows share (prefix_groups.py), then every layer runs shared_prefix_decode;
+- decode layer calls it does not serve go to the wrapped backend and are counted by reason
+  (`FallbackReason`: sliding-window layers, cross attention, logit cap, encoder tokens, hybrid SWA pool).
+
+Refused at start-up (ValueError naming the flag): a device other than CPU (the GPU form is a plan
+in README), torch.compile / CPU graphs, MLA models, KV pools other than MHATokenToKVPool /
+SWAKVPool, quantised (fp8) KV, and KV buffers not laid out [tokens, kv heads, head_dim]. Logic
+lives in srt/disaggregation; this file stays thin.
+"""
+
+from __future__ import annotations
+
+import torch
+from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
+
+from sglang_pd.srt.disaggregation.prefix_groups import find_prefix_groups
+from sglang_pd.srt.disaggregation.shared_attention_stats import FallbackReason, SharedAttentionStats
+from sglang_pd.srt.disaggregation.shared_prefix_attention import (DEFAULT_MIN_FILL, DecodePlan, KVWorkspace,
+                                                                   build_decode_plan, shared_prefix_decode)
+from sglang_pd.srt.state import current
+
+BACKEND_NAME = "sglang_pd_shared_prefix"
+# A run shared by >= 2 requests becomes a group only from this many tokens: shorter runs cost more
+# in per-group work than they save in KV reads (bench_attention).
+MIN_SHARED_TOKENS = 16
+_KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+
+
+def register_backend_choice() -> None:
+    """Make BACKEND_NAME a valid --attention-backend / --decode-attention-backend value (idempotent)."""
+    from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES, add_attention_backend_choices
+
+    if BACKEND_NAME not in ATTENTION_BACKEND_CHOICES:
+        add_attention_backend_choices([BACKEND_NAME])
+
+
+def register_backend_factory() -> None:
+    """Put create_backend in SGLang's ATTENTION_BACKENDS under BACKEND_NAME (idempotent)."""
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS, register_attention_backend
+
+    if BACKEND_NAME not in ATTENTION_BACKENDS:
+        register_attention_backend(BACKEND_NAME)(create_backend)
+
+
+def unsupported_runner(runner) -> str | None:
+    """Why this model runner cannot use the backend at all, or None."""
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
+    from sglang.srt.runtime_context import get_flags
+
+    if str(runner.device) != "cpu":
+        return f"device {runner.device}: only the CPU implementation exists (README: GPU plan)"
+    if get_flags().capture.enable_torch_compile:
+        return "--enable-torch-compile (CPU graphs): the backend runs eagerly only"
+    if runner.use_mla_backend:
+        return "MLA models: the backend reads MHA KV pools only"
+    pool = runner.token_to_kv_pool
+    if type(pool) not in (MHATokenToKVPool, SWAKVPool):
+        return f"KV pool {type(pool).__name__}: only MHATokenToKVPool / SWAKVPool layouts are read"
+    if pool.dtype not in _KV_DTYPES:
+        return f"KV cache dtype {pool.dtype}: quantised KV is not read (float32/float16/bfloat16 only)"
+    if isinstance(pool, MHATokenToKVPool):
+        keys = pool.get_key_buffer(pool.start_layer)
+        if keys.dim() != 3 or keys.shape[1] != pool.head_num:
+            return f"KV buffer of shape {tuple(keys.shape)}: expected [tokens, {pool.head_num} heads, head_dim]"
+    return None
+
+
+def create_backend(runner):
+    """SGLang's factory call for BACKEND_NAME: the backend around a TorchNativeAttnBackend.
+
+    Raises ValueError when the runner's configuration cannot be served (see unsupported_runner)."""
+    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+    problem = unsupported_runner(runner)
+    if problem is not None:
+        raise ValueError(f"--attention-backend {BACKEND_NAME} cannot serve this server: {problem}")
+    stats = current().shared_attention
+    backend = SharedPrefixAttnBackend(TorchNativeAttnBackend(runner), stats)
+    stats.on_backend_created(BACKEND_NAME)
+    return backend
+
+
+def _layer_fallback(layer) -> FallbackReason | None:
+    if layer.is_cross_attention:
+        return FallbackReason.CROSS_ATTENTION
+    if layer.sliding_window_size is not None and layer.sliding_window_size > -1:
+        return FallbackReason.SLIDING_WINDOW
+    if layer.logit_cap and layer.logit_cap > 0:
+        return FallbackReason.LOGIT_CAP
+    return None
+
+
+class SharedPrefixAttnBackend(AttentionBackend):
+    """SGLang AttentionBackend: shared-prefix decode, everything else by the wrapped `inner` backend."""
+
+    def __init__(self, inner, stats: SharedAttentionStats, min_shared_tokens: int = MIN_SHARED_TOKENS,
+                 min_fill: float = DEFAULT_MIN_FILL):
+        super().__init__()
+        self.inner = inner
+        self.stats = stats
+        self.min_shared_tokens = min_shared_tokens
+        self.min_fill = min_fill
+        self.plan: DecodePlan | None = None
+        self.batch_fallback: FallbackReason | None = None
+        self.planned_batch = None  # the ForwardBatch the plan was built for (a plan never serves another)
+        self.workspace = KVWorkspace()
+
+    def init_forward_metadata(self, forward_batch) -> None:
+        """Once per forward: the wrapped backend's metadata, and for decode the grouping + plan."""
+        self.inner.init_forward_metadata(forward_batch)
+        self.plan, self.batch_fallback, self.planned_batch = None, None, forward_batch
+        if not forward_batch.forward_mode.is_decode():
+            return
+        if forward_batch.encoder_lens is not None:
+            self.batch_fallback = FallbackReason.ENCODER_LENS
+        elif self.inner.use_sliding_window_kv_pool:
+            self.batch_fallback = FallbackReason.SWA_KV_POOL
+        else:
+            self.plan = self._plan(forward_batch)
+
+    def _plan(self, forward_batch) -> DecodePlan:
+        seq_lens = (forward_batch.seq_lens_cpu if forward_batch.seq_lens_cpu is not None
+                    else forward_batch.seq_lens).tolist()
+        req_to_token = self.inner.req_to_token_pool.req_to_token
+        rows = req_to_token[forward_batch.req_pool_indices.to(req_to_token.device), :max(seq_lens)]
+        grouping = find_prefix_groups(rows, seq_lens, self.min_shared_tokens)
+        plan = build_decode_plan(grouping, rows, self.inner.token_to_kv_pool.head_num, self.min_fill)
+        self.stats.on_step(grouping, plan.num_padded_own_tokens)
+        return plan
+
+    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        """Delegated unchanged to the wrapped backend."""
+        return self.inner.forward_extend(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+
+    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
+        """Store this step's K/V, then attend by shared prefix (or fall back, counted by reason)."""
+        if forward_batch is not self.planned_batch:
+            raise RuntimeError(f"{BACKEND_NAME}: decode forward of a batch init_forward_metadata did not plan")
+        reason = self.batch_fallback or _layer_fallback(layer)
+        if reason is not None:
+            self.stats.on_fallback(reason)
+            return self.inner.forward_decode(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+        from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+        pool = self.inner.token_to_kv_pool
+        if save_kv_cache and k is not None and v is not None:
+            pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v)
+        q3 = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        out = shared_prefix_decode(q3, pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id),
+                                   self.plan, layer.scaling, self.workspace)
+        return out.reshape(q3.shape[0], layer.tp_q_head_num * layer.v_head_dim)
+
+    def support_triton(self):
+        """No triton kernels (CPU torch)."""
+        return False

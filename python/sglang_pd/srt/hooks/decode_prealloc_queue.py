@@ -1,0 +1,330 @@
+"""Hooks on SGLang's `DecodePreallocQueue` (disaggregation/decode.py): admission, rounds, resume, entry.
+
+    add                     -> early rejection (SloController) before any page or lock
+    pop_preallocated        -> one AdmissionRound per call (opened here, closed whatever happens);
+                               requests served by decode-local prefill leave with it, not to transfer
+    _match_prefix_and_lock  -> the round's planned match, else DecodePrefixAdmission per request
+    _pre_alloc              -> a resumed retracted request re-matches the tree (RadixResume)
+    _send_kv_metadata       -> decode-local prefill decided here (prefill declined, request queued
+                               locally); else the hand-off checked against the plan; test faults
+    _active_req_count       -> local-prefill requests reserve their decode headroom like any other
+
+`QueueSizer` reads SGLang's own budget functions for the round planner.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from http import HTTPStatus
+
+from sglang_pd.srt.disaggregation.decode_admission import AdmissionError
+from sglang_pd.srt.disaggregation.local_prefill import FallbackReason, LocalDecision
+from sglang_pd.srt.disaggregation.request_fields import PATH_DECODE_LOCAL, attach_request_fields
+from sglang_pd.srt.disaggregation.room_decline import DeclineNotice
+from sglang_pd.srt.fault_injection import Fault
+from sglang_pd.srt.hooks.common_conn import send_decline
+from sglang_pd.srt.hooks.takeover import owns_decode_queue
+from sglang_pd.srt.mem_cache.common import RequestKind, bytes_per_page, kv_to_page_num, request_kind
+from sglang_pd.srt.state import current
+
+logger = logging.getLogger(__name__)
+
+
+# ---- admission rounds (batched eviction) -----------------------------------------------------------
+class QueueSizer:
+    """RoundSizer over a live DecodePreallocQueue (reads SGLang's budget; `evict` mutates the tree)."""
+
+    def __init__(self, queue):
+        self.queue = queue
+        self.retractable_tokens = sum(len(r.origin_input_ids) + len(r.output_ids)
+                                      for r in queue.scheduler.running_batch.reqs)
+
+    def alloc_tokens(self, req, prefix_len: int) -> int:
+        return self.queue._required_alloc_tokens(fill_len=self.queue._pre_alloc_fill_len(req),
+                                                 prefix_len=prefix_len)
+
+    def admission_tokens(self, req, alloc_tokens: int, prefix_len: int) -> int:
+        return self.queue._required_admission_tokens(req, alloc_tokens, prefix_len, self.retractable_tokens)
+
+    def budget(self, num_planned: int) -> int:
+        return self.queue._allocatable_token_budgets(retractable_tokens=self.retractable_tokens,
+                                                     count_retracted=True, extra_reserved_reqs=num_planned)
+
+    def available(self) -> int:
+        return self.queue._radix_full_available()
+
+    def evict(self, num_tokens: int) -> int:
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+        return self.queue.tree_cache.evict_for_alloc(EvictParams(num_tokens=num_tokens)).num_tokens_evicted
+
+
+def _round_applies(queue, rids_to_check) -> bool:
+    from sglang.srt.runtime_context import get_disagg
+
+    return (rids_to_check is None and queue.pp_size == 1 and current().settings.batched_eviction
+            and get_disagg().disaggregation_decode_host_receive_threshold >= 1 and owns_decode_queue(queue))
+
+
+def around_pop_preallocated(original, queue, rids_to_check=None, pp_good_rids=None, pp_bad_rids=None):
+    """Run SGLang's loop as one admission round; release what the loop did not take. Requests the
+    loop handed to decode-local prefill are not returned (they must not reach the transfer queue)."""
+    if not _round_applies(queue, rids_to_check):
+        preallocated, failed = original(queue, rids_to_check, pp_good_rids, pp_bad_rids)
+    else:
+        admission_round = current().admission_round
+        admission_round.open(queue)
+        try:
+            preallocated, failed = original(queue, rids_to_check, pp_good_rids, pp_bad_rids)
+        finally:
+            admission_round.close()
+    local = current().local_prefill
+    if local.enabled:
+        preallocated = [d for d in preallocated if not local.holds(d.req)]
+    return preallocated, failed
+
+
+def after_active_req_count(result, queue, extra_reserved_reqs=0):
+    """Local-prefill requests hold their row and pages outside SGLang's queues: reserve for them too."""
+    return result + current().local_prefill.num_pending()
+
+
+def _candidates(queue, first_req) -> list:
+    """Requests SGLang's loop may reach from `first_req` on, in its order, capped by free rows."""
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    limit = min(queue.req_to_metadata_buffer_idx_allocator.available_size(),
+                queue.req_to_token_pool.available_size())
+    reqs, started = [], False
+    for decode_req in queue.queue:
+        req = decode_req.req
+        started = started or req is first_req
+        if not started or not decode_req.waiting_for_input or decode_req.is_rebootstrap:
+            continue
+        if isinstance(req.finished_reason, FINISH_ABORT):
+            continue
+        reqs.append(req)
+        if len(reqs) >= limit:
+            break
+    return reqs
+
+
+def _planned_match(queue, req):
+    """The round's locked match for `req` (planning the round on the first call); None if unplanned."""
+    admission_round = current().admission_round
+    if admission_round.needs_plan(queue):
+        from sglang.srt.mem_cache.common import match_kv_cache
+
+        admission_round.plan(_candidates(queue, req), queue.tree_cache, QueueSizer(queue), match_kv_cache)
+    return admission_round.take(req) if admission_round.is_open_for(queue) else None
+
+
+def around_match_prefix_and_lock(original, queue, req):
+    """Owned queues go through our admission (a planned round match, else per request)."""
+    from sglang.srt.mem_cache.common import match_kv_cache
+
+    if not owns_decode_queue(queue):
+        return original(queue, req)
+    state = current()
+    try:
+        planned = _planned_match(queue, req)
+    except Exception:  # never take the scheduler down: admit this call per request, as SGLang does
+        state.hook_failed("admission_round", "planning the admission round failed; admitting per request")
+        state.admission_round.close()
+        planned = None
+    if planned is not None:  # matched and locked when the admission round was planned
+        return queue._build_decode_prefix_match(req, planned)
+    try:
+        result = state.decode_admission.match_and_lock(req, queue.tree_cache, request_kind(req), match_kv_cache)
+    except AdmissionError:
+        # The tree broke the contract before any lock was taken: serve via upstream's path.
+        state.hook_failed("decode_admission", "decode admission refused the tree's match; using upstream's")
+        return original(queue, req)
+    return queue._build_decode_prefix_match(req, result)
+
+
+# ---- radix-aware resume --------------------------------------------------------------------------
+def _cpu_backup_of_plain_kv(allocator) -> bool:
+    """Retraction backs KV up as CPU tensors of a plain MHA pool (the layout RadixResume slices)."""
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+    from sglang.srt.runtime_context import get_disagg
+
+    return (get_disagg().disaggregation_decode_retraction_backup == "cpu_tensor"
+            and type(allocator.get_kvcache()).get_cpu_copy is MHATokenToKVPool.get_cpu_copy)
+
+
+def _is_resume(queue, req) -> bool:
+    """`_pre_alloc` called by resume_retracted_reqs for a request backed up to CPU tensors."""
+    return (req.kv.retraction_backup is not None and _cpu_backup_of_plain_kv(queue.token_to_kv_pool_allocator)
+            and any(r is req for r in queue.retracted_queue))
+
+
+def around_pre_alloc(original, queue, req, prefix_indices=None, prefix_len=None, total_prefix_len=None):
+    """A resumed request gets its re-matched prefix (locked) and only the rest preallocated."""
+    state = current()
+    if (prefix_indices is not None or not state.settings.radix_resume or not owns_decode_queue(queue)
+            or not _is_resume(queue, req)):
+        return original(queue, req, prefix_indices, prefix_len, total_prefix_len)
+    from sglang.srt.mem_cache.common import match_kv_cache
+
+    tree = queue.tree_cache
+    try:
+        plan = state.radix_resume.match_and_lock(req, tree, queue._pre_alloc_fill_len(req), match_kv_cache)
+        indices = tree.prefix_device_indices(req) if plan.prefix_len else None
+    except Exception:  # never take the scheduler down: resume the upstream way, holding nothing
+        state.hook_failed("radix_resume", "radix-aware resume of %s failed; restoring it in full", req.rid)
+        state.radix_resume.abandon(req, tree)
+        return original(queue, req, None, None, None)
+    if plan.prefix_len == 0:
+        return original(queue, req, None, None, None)
+    out = original(queue, req, indices, plan.prefix_len, plan.prefix_len)
+    req.kv.cache_protected_len = plan.prefix_len  # the tree owns [0, prefix_len) of the row
+    return out
+
+
+# ---- transfer hand-off ---------------------------------------------------------------------------
+def _apply_faults(decode_req, page_size: int, metadata_kwargs: dict) -> None:
+    faults, req = current().faults, decode_req.req
+    room = int(req.bootstrap_room)
+    if faults.take(Fault.PREFIX_UNALIGNED, room):
+        metadata_kwargs["decode_prefix_len"] = int(metadata_kwargs.get("decode_prefix_len") or 0) + 1
+    elif faults.take(Fault.PREFIX_EXCEEDS, room):
+        metadata_kwargs["decode_prefix_len"] = len(req.origin_input_ids) + page_size
+
+
+def _fail_transfer(decode_req) -> None:
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    receiver = decode_req.kv_receiver
+    room = int(decode_req.req.bootstrap_room)
+    receiver.kv_mgr.record_failure(room, "sglang_pd: injected transfer failure")
+    receiver.kv_mgr.update_status(room, KVPoll.Failed)
+
+
+def around_send_kv_metadata(original, queue, decode_req, kv_indices, page_size, state_indices=None,
+                            **metadata_kwargs):
+    """Serve the request locally (prefill declined) if decode-local prefill says so; else check the
+    hand-off to the transfer layer against the admission plan, then send."""
+    state = current()
+    req = decode_req.req
+    prefix_len = int(metadata_kwargs.get("decode_prefix_len") or 0)
+    if state.local_prefill.enabled and _serve_locally(decode_req, prefix_len):
+        return None
+    num_pages = kv_to_page_num(len(kv_indices), page_size)
+    try:
+        mismatch = state.decode_admission.record_handoff(str(req.rid), prefix_len, num_pages)
+        if request_kind(req) is RequestKind.NORMAL:  # warmup / health checks move no real KV
+            num_bytes = num_pages * bytes_per_page(decode_req.kv_receiver.kv_mgr.kv_args)
+            state.counters.add("kv_pages_transferred_total", num_pages)
+            state.counters.add("kv_bytes_transferred_total", num_bytes)
+            attach_request_fields(req, prefix_len, num_pages, num_bytes)
+        if mismatch is not None:
+            logger.error("sglang_pd: %s handed decode_prefix_len=%s, %s pages to transfer; plan was %s",
+                         req.rid, prefix_len, num_pages, mismatch)
+    except Exception:
+        state.hook_failed("send_kv_metadata", "failed to record the transfer hand-off")
+    _apply_faults(decode_req, page_size, metadata_kwargs)
+    result = original(queue, decode_req, kv_indices, page_size, state_indices, **metadata_kwargs)
+    if state.faults.take(Fault.TRANSFER_FAIL, int(req.bootstrap_room)):
+        _fail_transfer(decode_req)
+    return result
+
+
+# ---- decode-local prefill -------------------------------------------------------------------------
+def _wants_input_logprobs(req) -> bool:
+    """Prompt logprobs asked for: only prefill's half returns them (decode holds the prefix, not its logits)."""
+    return bool(req.return_logprob) and 0 <= req.logprob_start_len < len(req.origin_input_ids)
+
+
+_UNSUPPORTED = (  # request attribute set (truthy) -> the feature the local extend does not run
+    ("grammar", "structured output (grammar)"), ("multimodal_inputs", "multimodal input"),
+    ("input_embeds", "input embeddings"), ("positional_embed_overrides", "positional embedding overrides"),
+    ("lora_id", "LoRA adapter"), ("return_hidden_states", "hidden states"),
+    ("return_sampling_mask", "sampling mask"), ("session", "session"),
+)
+
+
+def _unsupported_feature(req) -> str | None:
+    return next((what for attr, what in _UNSUPPORTED if getattr(req, attr, None)), None)
+
+
+def _serve_locally(decode_req, prefix_len: int) -> bool:
+    """Decide local vs PD for an admitted, locked, preallocated request; if local, decline it to prefill
+    and queue it for a local extend. True when the request is now decode's (the caller sends nothing).
+
+    Until the decline is sent, any problem leaves the request on the PD path (counted). With several
+    prefill ranks a send that fails half-way has told some of them: the PD path then fails that request
+    through SGLang's failure path (the ranks told dropped the room), releasing it as any failure does."""
+    state = current()
+    req = decode_req.req
+    if request_kind(req) is not RequestKind.NORMAL or decode_req.is_rebootstrap:
+        return False
+    try:
+        decision = state.local_prefill.decide(len(req.origin_input_ids), prefix_len, _wants_input_logprobs(req),
+                                              _unsupported_feature(req))
+    except Exception:
+        state.hook_failed("local_prefill_decide", "deciding decode-local prefill for %s failed; it goes to prefill",
+                          req.rid)
+        return False
+    if decision.fallback is not None:
+        logger.info("sglang_pd: %s goes to prefill: %s %s", req.rid, decision.fallback.value, decision.detail)
+    if not decision.local:
+        return False
+    room = int(req.bootstrap_room)
+    notice = DeclineNotice(room, None, f"sglang_pd: declined by decode, which computed the "
+                                       f"{decision.num_uncached} uncached prompt tokens itself (decode-local prefill)")
+    try:
+        send_decline(decode_req.kv_receiver, notice)
+    except Exception:  # prefill was not told: it must compute the request, so the PD path serves it
+        state.hook_failed("send_decline", "could not decline room %s to prefill; %s goes to prefill", room, req.rid)
+        state.local_prefill.count_fallback(FallbackReason.DECLINE_UNSENT)
+        return False
+    _enqueue_local(decode_req, prefix_len, decision)
+    return True
+
+
+_FAULT_HOLD_S = 5.0  # Fault.LOCAL_QUEUE_HOLD: how long a targeted request waits in the local queue
+
+
+def _enqueue_local(decode_req, prefix_len: int, decision: LocalDecision) -> None:
+    state = current()
+    req = decode_req.req
+    decode_req.kv_receiver.clear()  # abort-notified by the decline: clearing sends nothing more
+    decode_req.kv_receiver = None
+    hold = _FAULT_HOLD_S if state.faults.take(Fault.LOCAL_QUEUE_HOLD, int(req.bootstrap_room)) else 0.0
+    state.local_prefill.enqueue(req, prefix_len, decision.num_uncached, not_before_s=time.monotonic() + hold)
+    attach_request_fields(req, prefix_len, 0, 0, path=PATH_DECODE_LOCAL, num_local_tokens=decision.num_uncached)
+
+
+# ---- entry: early rejection ----------------------------------------------------------------------
+def _cached_prefix_len(tree, req) -> int:
+    """Tokens of the prompt already on this decode server (a match takes no lock)."""
+    from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+    from sglang.srt.mem_cache.radix_cache import RadixKey
+
+    if tree is None or getattr(tree, "disable", True):
+        return 0
+    key = RadixKey(token_ids=req.origin_input_ids, extra_key=req.extra_key)
+    return int(tree.match_prefix(MatchPrefixParams(key=key)).device_prefix_len)
+
+
+def around_add(original, queue, req, is_retracted: bool = False, is_rebootstrap: bool = False):
+    """A new request reaches decode: refuse it now if its predicted TTFT is over target."""
+    slo = current().slo
+    if (slo.ttft_target_s is None or is_retracted or is_rebootstrap
+            or request_kind(req) is not RequestKind.NORMAL):
+        return original(queue, req, is_retracted=is_retracted, is_rebootstrap=is_rebootstrap)
+    sched = queue.scheduler
+    num_ahead = len(queue.queue) + len(sched.disagg_decode_transfer_queue.queue) + len(sched.waiting_queue)
+    uncached = len(req.origin_input_ids) - _cached_prefix_len(queue.tree_cache, req)
+    decision = slo.on_entry(str(req.rid), time.perf_counter(), num_ahead, uncached)
+    if decision.reject and req.finished_reason is None:
+        from sglang.srt.disaggregation.utils import prepare_abort
+
+        # Upstream's door: an aborted request that holds nothing is retired at once (no receiver, no
+        # page, no lock) and its 503 streamed. Prefill never hears from this decode: the router (or
+        # client) that sent the pair aborts the prefill half, as it does for any failed decode.
+        logger.warning("sglang_pd: %s refused: %s", req.rid, decision.message)
+        prepare_abort(req, decision.message, status_code=HTTPStatus.SERVICE_UNAVAILABLE)
+    return original(queue, req, is_retracted=is_retracted, is_rebootstrap=is_rebootstrap)

@@ -1,0 +1,53 @@
+"""Hooks on SGLang's `ScheduleBatch` and `Req` (managers/schedule_batch.py): retraction count, partial restore,
+and the allocation of a decode-local prefill extend (the pages decode preallocated, nothing new)."""
+
+from __future__ import annotations
+
+import logging
+
+from sglang_pd.srt.state import current
+
+logger = logging.getLogger(__name__)
+
+
+def after_retract_decode(result, batch):
+    """Count decode retractions (their locks are released through the ledger-checked unlock)."""
+    retracted, _ratio, _to_abort = result
+    current().counters.add("decode_retractions_total", len(retracted))
+    return result
+
+
+def around_load_kv_cache(original, req, req_to_token_pool, token_to_kv_pool_allocator):
+    """Restore only what radix-aware resume did not take from the tree (full restore without a plan)."""
+    state = current()
+
+    def load_all():
+        original(req, req_to_token_pool, token_to_kv_pool_allocator)
+
+    try:
+        restored = state.radix_resume.restore(req, req_to_token_pool, token_to_kv_pool_allocator, load_all)
+    except Exception:  # the tree's prefix slots hold the same KV, so a full restore is still correct
+        state.hook_failed("radix_resume_restore", "partial restore of %s failed; restoring it in full", req.rid)
+        restored = False
+    if not restored and req.kv.retraction_backup is not None:
+        load_all()
+
+
+def around_alloc_for_extend(original, batch):
+    """A decode-local prefill extend writes into the pages decode admission preallocated for exactly these
+    tokens (its rows already hold prefix + suffix): no second allocation, no row rewrite. Any other batch
+    allocates as SGLang does. Returns what alloc_for_extend returns: (out_cache_loc, req_pool_indices on
+    the device, on the CPU). Raises RuntimeError if a row does not hold its whole prompt."""
+    import torch
+
+    if not current().local_prefill.is_extend_batch(batch):
+        return original(batch)
+    rows = [int(req.kv.req_pool_idx) for req in batch.reqs]
+    for req in batch.reqs:
+        if req.kv.kv_allocated_len != req.extend_end:
+            raise RuntimeError(f"local extend of {req.rid}: row holds {req.kv.kv_allocated_len} slots, "
+                               f"the prompt needs {req.extend_end}")
+    table = batch.req_to_token_pool.req_to_token
+    out_cache_loc = torch.cat([table[row, req.prefix_len:req.extend_end] for row, req in zip(rows, batch.reqs)])
+    rows_cpu = torch.tensor(rows, dtype=torch.int64)
+    return out_cache_loc.to(torch.int64), rows_cpu.to(batch.device, non_blocking=True), rows_cpu

@@ -1,0 +1,284 @@
+"""The one table of every upstream SGLang symbol sglang_pd hooks: target, hook type, process, why.
+
+Adding a hook anywhere else is a bug: `plugin.register()` applies exactly this table, and the unit
+tier checks that every target still resolves in the pinned SGLang and that every hook's signature
+matches its target's (names, kinds, defaults). The functions live beside this file, one module per
+upstream module (or class) they patch. `REGISTRY_TABLE` lists the names we add to SGLang's own
+registries (nothing patched: SGLang looks the name up itself), e.g. our attention backend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from sglang_pd.srt.hooks import (attention_backend, bootstrap_server, common_conn, common_utils,
+                                 decode_prealloc_queue, decode_scheduler, http_server, mem_cache_common, mooncake_conn,
+                                 network, nixl_api, nixl_conn, output_streamer, prefill, prefix_cache,
+                                 requests_sessions, schedule_batch, scheduler, tokenizer_manager)
+from sglang_pd.srt.state import ProcessKind
+
+_DISAGG = "sglang.srt.disaggregation"
+_TREE = "sglang.srt.mem_cache.base_prefix_cache.BasePrefixCache"
+_UTREE = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache"
+_CONN = "sglang.srt.disaggregation.common.conn"
+
+
+@dataclass(frozen=True)
+class HookSpec:
+    """One hook: applied with HookRegistry.register(target, fn, hook_type) in `process` only."""
+
+    target: str
+    hook_type: str  # name of sglang.srt.plugins.hook_registry.HookType: BEFORE/AFTER/AROUND/REPLACE
+    fn: Callable
+    process: ProcessKind
+    why: str
+
+
+HOOK_TABLE: tuple[HookSpec, ...] = (
+    HookSpec(
+        "sglang.srt.entrypoints.http_server.launch_server", "BEFORE",
+        http_server.before_launch_server, ProcessKind.HTTP,
+        "mount GET /sglang_pd/info and /sglang_pd/stats on the server's own FastAPI app (and, with a TTFT "
+        "target, the Retry-After middleware for early-rejection 503s)"),
+    HookSpec(
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager.update_request_meta_info", "AFTER",
+        tokenizer_manager.after_update_request_meta_info, ProcessKind.HTTP,
+        "turn our per-request decode fields into plain numbers in meta_info"),
+    HookSpec(
+        "sglang.srt.managers.scheduler.Scheduler.init_disaggregation", "AFTER",
+        scheduler.after_init_disaggregation, ProcessKind.SCHEDULER,
+        "label sglang_pd metrics with role/backend; export them on /metrics when metrics are on"),
+    HookSpec(
+        "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
+        ".is_request_level_customized_info_key", "AROUND",
+        output_streamer.around_is_request_level_key, ProcessKind.SCHEDULER,
+        "emit decode_prefix_len / pages / bytes once per request in meta_info"),
+    HookSpec(
+        "sglang.srt.mem_cache.radix_cache.RadixCache.evict", "AFTER", prefix_cache.after_radix_evict,
+        ProcessKind.SCHEDULER, "count evicted tokens (RadixCache; evict_for_alloc goes through it)"),
+    HookSpec(
+        f"{_UTREE}._evict", "AFTER", prefix_cache.after_unified_evict, ProcessKind.SCHEDULER,
+        "count evicted tokens (UnifiedRadixCache: evict and evict_for_alloc both end here)"),
+    HookSpec(
+        "sglang.srt.managers.scheduler.Scheduler.get_internal_state", "AFTER",
+        scheduler.after_get_internal_state, ProcessKind.SCHEDULER,
+        "carry the scheduler's sglang_pd state to the HTTP process over SGLang's own channel"),
+    HookSpec(
+        "sglang.srt.managers.scheduler.Scheduler.set_internal_state", "AROUND",
+        scheduler.around_set_internal_state, ProcessKind.SCHEDULER,
+        "arm test-only faults (sglang_pd_fault_* keys; refused unless enabled by env)"),
+    HookSpec(
+        f"{_DISAGG}.prefill.PrefillBootstrapQueue.finalize_bootstrap", "AROUND",
+        prefill.around_finalize_bootstrap, ProcessKind.SCHEDULER,
+        "reject a bad decode_prefix_len before any KV moves; record the one that reached prefill"),
+    HookSpec(
+        f"{_DISAGG}.common.conn.CommonKVSender._prepare_send_indices", "AFTER",
+        common_conn.after_prepare_send_indices, ProcessKind.SCHEDULER,
+        "count KV pages really handed to the transport per room (nixl and mooncake share it)"),
+    HookSpec(
+        f"{_DISAGG}.mooncake.conn.MooncakeKVManager._handle_abort_notification", "AROUND",
+        mooncake_conn.around_handle_abort_notification, ProcessKind.SCHEDULER,
+        "prefill: consume a room decline (fail the room now, or tombstone it until it exists) before "
+        "upstream's ABORT parser; malformed messages never get here (the HandshakeGate, below)"),
+    HookSpec(
+        f"{_DISAGG}.nixl.conn.NixlKVManager._handle_abort_notification", "AROUND",
+        nixl_conn.around_handle_abort_notification, ProcessKind.SCHEDULER,
+        "same for NIXL"),
+    HookSpec(
+        f"{_DISAGG}.nixl.conn.NixlKVManager.__init__", "AROUND", nixl_conn.around_init,
+        ProcessKind.SCHEDULER, "CPU device: register KV as DRAM (upstream says VRAM) and scope the next row"),
+    HookSpec(
+        "nixl._api.nixl_agent_config.__init__", "BEFORE", nixl_api.before_agent_config_init,
+        ProcessKind.SCHEDULER, "host-memory manager: no busy-polling progress thread (worker drives progress)"),
+    HookSpec(
+        f"{_DISAGG}.common.utils.FastQueue.get", "AFTER", common_utils.after_queue_get,
+        ProcessKind.SCHEDULER, "know which room a NIXL transfer worker serves (for page counts / stalls)"),
+    HookSpec(
+        f"{_DISAGG}.nixl.conn.NixlKVManager.send_kvcache", "AROUND", nixl_conn.around_send_kvcache,
+        ProcessKind.SCHEDULER, "count the KV pages NIXL itself was asked to move, per room (test fault: the "
+        "send raises, for upstream's prefill-side failure path)"),
+    HookSpec(
+        f"{_DISAGG}.mooncake.conn.MooncakeKVManager._transfer_data", "AROUND", mooncake_conn.around_transfer_data,
+        ProcessKind.SCHEDULER, "split a batch over SGLANG_PD_MOONCAKE_MAX_BATCH_DESCRIPTORS: mooncake's TCP "
+        "transport refuses batches over its per-peer queue limit (page 1, many layers, fragmented pool)"),
+    HookSpec(
+        f"{_DISAGG}.mooncake.conn.MooncakeKVManager.send_kvcache", "AROUND", mooncake_conn.around_send_kvcache,
+        ProcessKind.SCHEDULER, "tests only: an armed prefill_transfer_fail reports the room's send failed "
+        "(upstream's own prefill-side transport failure path); otherwise passes through"),
+    HookSpec(
+        f"{_DISAGG}.nixl.conn.NixlKVManager._await_handles", "AROUND", nixl_conn.around_await_handles,
+        ProcessKind.SCHEDULER, "arm a stall deadline: upstream waits forever on a transfer that never ends"),
+    HookSpec(
+        "nixl._api.nixl_agent.check_xfer_state", "AROUND", nixl_api.around_check_xfer_state,
+        ProcessKind.SCHEDULER, "past the deadline a transfer is cancelled, then reads ERR, so upstream fails "
+        "the room and tells decode (never while a write may still land)"),
+    HookSpec(
+        f"{_TREE}.lock", "AFTER", prefix_cache.after_lock, ProcessKind.SCHEDULER,
+        "record every tree lock with its owner in the LockLedger"),
+    HookSpec(
+        f"{_TREE}.unlock", "AROUND", prefix_cache.around_unlock, ProcessKind.SCHEDULER,
+        "release exactly once: a double release is counted and never reaches the tree"),
+    HookSpec(
+        f"{_UTREE}.lock", "AFTER", prefix_cache.after_unified_lock, ProcessKind.SCHEDULER,
+        "same as BasePrefixCache.lock: UnifiedRadixCache (the servers' default tree) overrides it"),
+    HookSpec(
+        f"{_UTREE}.unlock", "AROUND", prefix_cache.around_unlock, ProcessKind.SCHEDULER,
+        "same as BasePrefixCache.unlock, for UnifiedRadixCache"),
+    HookSpec(
+        "sglang.srt.managers.schedule_batch.ScheduleBatch.retract_decode", "AFTER",
+        schedule_batch.after_retract_decode, ProcessKind.SCHEDULER,
+        "count retractions, so tests can prove the retraction path ran and released its locks"),
+    HookSpec(
+        "sglang.srt.mem_cache.common.checkpoint_kv_cache", "REPLACE",
+        mem_cache_common.replace_checkpoint_kv_cache, ProcessKind.SCHEDULER,
+        "publish running requests via maybe_cache_unfinished_req: warmup/health/fake never enter the tree"),
+    HookSpec(
+        f"{_DISAGG}.decode.DecodePreallocQueue._match_prefix_and_lock", "AROUND",
+        decode_prealloc_queue.around_match_prefix_and_lock, ProcessKind.SCHEDULER,
+        "decode admission through DecodePrefixAdmission: match, page-align, lock with owner, plan"),
+    HookSpec(
+        f"{_DISAGG}.decode.DecodePreallocQueue._send_kv_metadata", "AROUND",
+        decode_prealloc_queue.around_send_kv_metadata, ProcessKind.SCHEDULER,
+        "decode-local prefill decided after match + lock + prealloc, before prefill hears of the request "
+        "(local: decline sent, request queued); else check decode_prefix_len and pages against the plan"),
+    # --- retraction that keeps the prefix, batched eviction (issue 5) ---
+    HookSpec(
+        f"{_DISAGG}.decode.DecodePreallocQueue._pre_alloc", "AROUND",
+        decode_prealloc_queue.around_pre_alloc, ProcessKind.SCHEDULER,
+        "a resumed retracted request re-matches and locks the tree; only the uncached rest is allocated"),
+    HookSpec(
+        "sglang.srt.managers.schedule_batch.Req.load_kv_cache", "AROUND",
+        schedule_batch.around_load_kv_cache, ProcessKind.SCHEDULER,
+        "restore from the retraction backup only the tokens the tree did not give back"),
+    HookSpec(
+        f"{_DISAGG}.decode.DecodePreallocQueue.pop_preallocated", "AROUND",
+        decode_prealloc_queue.around_pop_preallocated, ProcessKind.SCHEDULER,
+        "run the prealloc loop as one admission round (evict once); release planned locks not taken; "
+        "requests served by decode-local prefill do not go on to the transfer queue"),
+    # ---- SLO-aware decode admission (issue 10; slo_controller.py): ITL target, early rejection ----
+    HookSpec(
+        "sglang.srt.managers.scheduler.Scheduler.run_batch", "BEFORE", scheduler.before_run_batch,
+        ProcessKind.SCHEDULER, "decode: time launch-to-launch of decode steps (a local extend's tokens ride "
+        "on its step), the samples the step model learns; prefill: count prompt tokens its model computes"),
+    HookSpec(
+        f"{_DISAGG}.decode.SchedulerDisaggregationDecodeMixin._get_new_prebuilt_batch", "AROUND",
+        decode_scheduler.around_get_new_prebuilt_batch, ProcessKind.SCHEDULER,
+        "cap waiting -> running admissions at what keeps the predicted step within SGLANG_PD_ITL_TARGET_MS"),
+    HookSpec(
+        f"{_DISAGG}.decode.DecodePreallocQueue.add", "AROUND", decode_prealloc_queue.around_add,
+        ProcessKind.SCHEDULER, "refuse (503) a request whose predicted TTFT exceeds SGLANG_PD_TTFT_TARGET_MS, "
+        "before any page or lock"),
+    # ---- decode-local prefill (issue 20; local_prefill.py, room_decline.py) ----
+    HookSpec(
+        f"{_DISAGG}.decode.SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run", "AROUND",
+        decode_scheduler.around_get_next_disagg_decode_batch_to_run, ProcessKind.SCHEDULER,
+        "the local extend that ran joins the running batch; the next one (capped tokens, at most one per "
+        "decode step) runs in place of this step's decode when due"),
+    HookSpec(
+        "sglang.srt.managers.schedule_batch.alloc_for_extend", "AROUND", schedule_batch.around_alloc_for_extend,
+        ProcessKind.SCHEDULER, "a local extend writes into the pages decode preallocated (no second allocation)"),
+    HookSpec(
+        f"{_DISAGG}.decode.DecodePreallocQueue._active_req_count", "AFTER",
+        decode_prealloc_queue.after_active_req_count, ProcessKind.SCHEDULER,
+        "admission reserves decode headroom for local-prefill requests, which sit in none of SGLang's queues"),
+    HookSpec(
+        "sglang.srt.managers.scheduler.Scheduler.is_disable_overlap_for_batch", "AFTER",
+        scheduler.after_is_disable_overlap_for_batch, ProcessKind.SCHEDULER,
+        "overlap loop: a local extend's result (first token) is processed before the next batch launches"),
+    HookSpec(
+        "sglang.srt.managers.scheduler.Scheduler.is_fully_idle", "AFTER", scheduler.after_is_fully_idle,
+        ProcessKind.SCHEDULER, "not idle while local-prefill requests hold pages (no idle sleep, no idle "
+        "leak check on them)"),
+    HookSpec(
+        "sglang.srt.managers.scheduler.Scheduler.abort_request", "AFTER", scheduler.after_abort_request,
+        ProcessKind.SCHEDULER, "client aborts reach requests queued for a local extend (answered, released)"),
+    HookSpec(
+        f"{_DISAGG}.prefill.PrefillBootstrapQueue.add", "AFTER", prefill.after_add, ProcessKind.SCHEDULER,
+        "prefill: a room decode declined before this half arrived fails at once (else a 300 s bootstrap wait)"),
+    HookSpec(
+        f"{_DISAGG}.prefill.SchedulerDisaggregationPrefillMixin.handle_bootstrap_failure", "AROUND",
+        prefill.around_handle_bootstrap_failure, ProcessKind.SCHEDULER,
+        "prefill: a declined room answers as decode asked (200 for decode-local prefill), not as a failure"),
+    # ---- hostile peers (issue 16; handshake_gate.py, peer_auth.py, bootstrap_guard.py, thread_watch.py) ----
+    HookSpec(
+        f"{_CONN}.CommonKVManager.__init__", "AROUND", common_conn.around_manager_init, ProcessKind.SCHEDULER,
+        "every message on the rank socket (prefill and decode, mooncake and NIXL, every receiving thread) "
+        "passes the HandshakeGate before SGLang parses it: auth, schema, state; PD threads watched"),
+    HookSpec(
+        "sglang.srt.utils.network.get_zmq_socket_on_host", "AROUND", network.around_get_zmq_socket_on_host,
+        ProcessKind.SCHEDULER, "inside a KV manager's construction only: bind its PULL socket with "
+        "ZMQ_MAXMSGSIZE, so an oversize frame is refused before it is buffered"),
+    HookSpec(
+        f"{_CONN}.CommonKVManager._send_multipart_locked", "BEFORE", common_conn.before_send_multipart_locked,
+        ProcessKind.SCHEDULER, "sign what prefill sends decode (status, ABORT_ACK, AUX_DATA) when a secret is set"),
+    HookSpec(
+        f"{_CONN}.CommonKVReceiver._connect", "AROUND", common_conn.around_receiver_connect, ProcessKind.SCHEDULER,
+        "sign what decode sends prefill (registration, transfer info, ABORT, BOOTSTRAP, room decline) when a "
+        "secret is set"),
+    HookSpec(
+        f"{_CONN}.CommonKVSender.__init__", "AFTER", common_conn.after_sender_init, ProcessKind.SCHEDULER,
+        "the room is claimed by a local request; one a rejected message failed before it arrived fails at once"),
+    HookSpec(
+        f"{_DISAGG}.nixl.conn.NixlKVManager._add_remote_peer", "AROUND", nixl_conn.around_add_remote_peer,
+        ProcessKind.SCHEDULER, "agent metadata NIXL cannot load (or naming another agent) drops that peer, "
+        "not the bootstrap thread"),
+    HookSpec(
+        "requests.sessions.Session.request", "AROUND", requests_sessions.around_session_request,
+        ProcessKind.SCHEDULER, "bootstrap HTTP calls (PUT/GET /route, /register_dp_rank, /query_dp_ranks) signed "
+        "and their answers verified: decode trusts no unauthenticated prefill rank; other requests untouched"),
+    HookSpec(
+        f"{_CONN}.CommonKVBootstrapServer._setup_routes", "AFTER", bootstrap_server.after_setup_routes,
+        ProcessKind.HTTP, "bootstrap server: authenticate and check every /route, /register_dp_rank, "
+        "/query_dp_ranks request before SGLang's handler stores it; tag the answers"),
+)
+
+
+def hooks_for(kind: ProcessKind) -> tuple[HookSpec, ...]:
+    """The rows of HOOK_TABLE applied in a process of `kind` (read-only)."""
+    return tuple(spec for spec in HOOK_TABLE if spec.process is kind)
+
+
+@dataclass(frozen=True)
+class RegistrySpec:
+    """One name we add to an upstream registry (`target`, a module attribute) by calling `add()`."""
+
+    target: str
+    add: Callable[[], None]  # idempotent
+    processes: tuple[ProcessKind, ...]
+    why: str
+
+
+REGISTRY_TABLE: tuple[RegistrySpec, ...] = (
+    # ---- shared-prefix decode attention (issue 17; srt/hooks/attention_backend.py) ----
+    RegistrySpec(
+        "sglang.srt.arg_groups.choices.ATTENTION_BACKEND_CHOICES", attention_backend.register_backend_choice,
+        (ProcessKind.HTTP, ProcessKind.SCHEDULER),
+        "accept --attention-backend / --decode-attention-backend sglang_pd_shared_prefix (the HTTP process "
+        "loads plugins before it parses arguments)"),
+    RegistrySpec(
+        "sglang.srt.layers.attention.attention_registry.ATTENTION_BACKENDS", attention_backend.register_backend_factory,
+        (ProcessKind.SCHEDULER,),
+        "the model runner builds sglang_pd_shared_prefix by name: decode by shared physical prefix around "
+        "TorchNativeAttnBackend"),
+)
+
+
+def registrations_for(kind: ProcessKind) -> tuple[RegistrySpec, ...]:
+    """The rows of REGISTRY_TABLE applied in a process of `kind` (read-only)."""
+    return tuple(spec for spec in REGISTRY_TABLE if kind in spec.processes)
+
+
+def apply_ledger_hooks() -> None:
+    """Apply the table's lock/unlock rows in this process, as a scheduler does (idempotent).
+
+    For code that builds SGLang trees without a server (bench_admission, the unit tier): every tree
+    lock is then recorded in the installed state's LockLedger, exactly as in a server.
+    """
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for spec in HOOK_TABLE:
+        if spec.target.endswith((".lock", ".unlock")) and not any(
+                fn is spec.fn for _, fn, _ in HookRegistry._hooks.get(spec.target, ())):
+            HookRegistry.register(spec.target, spec.fn, HookType[spec.hook_type])
+    HookRegistry.apply_hooks()

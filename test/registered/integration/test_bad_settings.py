@@ -1,0 +1,27 @@
+"""A server started with a bad or unknown SGLANG_PD_* setting stops at once, naming it (no model load,
+no port opened): it must not serve without the guards its operator configured."""
+
+import subprocess
+import sys
+
+import pytest
+
+from sglang_pd.harness.cpu_env import server_env
+from sglang_pd.harness.server import free_port
+from sglang_pd.models import ensure_model_dir
+
+pytestmark = pytest.mark.integration
+
+
+def test_server_refuses_to_start_on_a_bad_setting():
+    env = dict(server_env(), SGLANG_PD_NIXL_STALL_TIMEOUT_S="soon", SGLANG_PD_ITL_TARGET="40")
+    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(ensure_model_dir("tiny")),
+            "--load-format", "dummy", "--skip-tokenizer-init", "--host", "127.0.0.1", "--port", str(free_port()),
+            "--disaggregation-mode", "decode", "--disaggregation-decode-enable-radix-cache"]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("[sglang_pd] refusing to start")]
+    assert len(lines) == 1, proc.stderr[-3000:]
+    assert "SGLANG_PD_NIXL_STALL_TIMEOUT_S='soon' is not a number of seconds" in lines[0]
+    assert "SGLANG_PD_ITL_TARGET is not a sglang_pd setting" in lines[0]
+    assert "Uvicorn running" not in proc.stderr and "Load weight" not in proc.stderr

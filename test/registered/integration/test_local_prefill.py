@@ -1,0 +1,277 @@
+"""Decode-local prefill on real servers: local and remote requests in one batch equal a plain server's,
+prefill computes nothing for a local request and answers its half with 200, through the launcher's
+router too; aborts on each local path and the decline-before-prefill race leave both servers clean;
+NIXL (peers authenticated: every decline signed and verified) as well as mooncake_tcp (no secret),
+SGLang's overlap and normal decode loops; threshold 0 is today's PD path."""
+
+import concurrent.futures as cf
+import json
+import random
+import threading
+import time
+import uuid
+
+import pytest
+import requests
+
+from conftest import LOG_ROOT, WAITING_TIMEOUT_S, peer_secret_file
+from sglang_pd.config import LOCAL_PREFILL_STEP_TOKENS, LOCAL_PREFILL_TOKENS
+from sglang_pd.harness import DeploymentConfig, PDDeployment
+from sglang_pd.launch_router import ROUTING_KEY_HEADER
+from sglang_pd.models import VOCAB_SIZE
+
+pytestmark = pytest.mark.integration
+
+THRESHOLD = 24
+_ENV = ((LOCAL_PREFILL_TOKENS, str(THRESHOLD)), (LOCAL_PREFILL_STEP_TOKENS, "64"),
+        ("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)))
+
+
+@pytest.fixture(scope="module")
+def pd_local():
+    config = DeploymentConfig(page_size=1, with_plain=True, fault_injection=True, env_overrides=_ENV,
+                              log_dir=LOG_ROOT / "local_prefill")
+    with PDDeployment(config) as dep:
+        dep.wait_clean()
+        yield dep
+
+
+@pytest.fixture(scope="module")
+def pd_local_nixl():
+    """NIXL over host memory, page 16, and decode on SGLang's normal (non-overlap) loop: the other
+    deployment runs the overlap loop, SGLang's default (on CPU too). Peers authenticated: the declines
+    pass prefill's gate only signed."""
+    auth = (("SGLANG_PD_PEER_SECRET_FILE", str(peer_secret_file())),)
+    config = DeploymentConfig(page_size=16, transfer_backend="nixl", env_overrides=_ENV + auth,
+                              extra_decode_args=("--disable-overlap-schedule",),
+                              log_dir=LOG_ROOT / "local_prefill_nixl")
+    with PDDeployment(config) as dep:
+        dep.wait_clean()
+        yield dep
+
+
+def _tokens(seed: int, n: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, VOCAB_SIZE) for _ in range(n)]
+
+
+def _local(dep: PDDeployment) -> dict:
+    return dep.scheduler_state(dep.decodes[0])["local_prefill"]
+
+
+def _prefill(dep: PDDeployment) -> dict:
+    return dep.scheduler_state(dep.prefill)["prefill_transfer"]
+
+
+def _primed(dep: PDDeployment, seed: int, new_tokens: int = 8) -> list[int]:
+    """Turn 1 of a conversation (too long to be local), then turn 2's prompt: 9 new tokens uncached."""
+    conv = [1] + _tokens(seed, 50)
+    _, decoded, _ = dep.generate_pd(conv, new_tokens)
+    assert decoded["meta_info"]["decode_prefill_path"] == "prefill"
+    return conv + decoded["output_ids"] + _tokens(seed + 1, 8)
+
+
+def _in_background(fn, *args, **kwargs) -> dict:
+    out: dict = {}
+
+    def run():
+        try:
+            out["resp"] = fn(*args, **kwargs)
+        except Exception as exc:  # surfaced by the test's assertions
+            out["error"] = exc
+
+    out["thread"] = threading.Thread(target=run, daemon=True)
+    out["thread"].start()
+    return out
+
+
+def _wait(predicate, what: str, timeout_s: float = 60):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_local_and_remote_requests_in_one_batch_equal_a_plain_server(pd_local: PDDeployment):
+    dep = pd_local
+    local_prompts = [_primed(dep, 100 + 10 * i) for i in range(3)]
+    remote_prompts = [[2] + _tokens(200 + i, 40) for i in range(3)]
+    prompts = local_prompts + remote_prompts
+    before_local, before_prefill = _local(dep), _prefill(dep)
+    with cf.ThreadPoolExecutor(len(prompts)) as pool:  # all at once: they decode side by side
+        results = list(pool.map(lambda p: dep.generate_pd(p, 48), prompts))
+    plain = [dep.generate(dep.plain.url, p, 48)["output_ids"] for p in prompts]
+    assert [decoded["output_ids"] for _, decoded, _ in results] == plain
+    paths = [decoded["meta_info"]["decode_prefill_path"] for _, decoded, _ in results]
+    assert paths == ["decode_local"] * 3 + ["prefill"] * 3
+    for (prefill_half, decoded, room), prompt in zip(results[:3], local_prompts):
+        meta = decoded["meta_info"]
+        assert meta["decode_local_prefill_tokens"] == len(prompt) - meta["decode_prefix_len"] <= THRESHOLD
+        assert meta["decode_kv_pages_transferred"] == 0
+        # Prefill's half: HTTP 200 (generate_pd raised otherwise), an abort naming the decline, no token.
+        assert prefill_half["meta_info"]["finish_reason"]["type"] == "abort"
+        assert "decode-local prefill" in prefill_half["meta_info"]["finish_reason"]["message"]
+    after = _prefill(dep)
+    for _, _, room in results[:3]:
+        assert after["declines"][str(room)]["computed_tokens"] == 0
+        assert str(room) not in after["computed_tokens"] and str(room) not in after["rooms"]
+    for (_, _, room), prompt in zip(results[3:], remote_prompts):  # prefill's own cache may hold a few
+        assert 0 < after["computed_tokens"][str(room)] <= len(prompt)
+        assert after["rooms"][str(room)]["num_pages_sent"] > 0
+    assert after["num_declined"] - before_prefill["num_declined"] == 3
+    local = _local(dep)
+    assert local["num_requests"] - before_local["num_requests"] == 3
+    assert local["num_tokens"] - before_local["num_tokens"] == sum(len(p) for p in local_prompts) - sum(
+        r[1]["meta_info"]["decode_prefix_len"] for r in results[:3])
+    # Side by side: some decode step ran all six requests (local and remote) in one batch.
+    steps = dep.scheduler_state(dep.decodes[0])["slo"]["recent_steps"]
+    assert max(step[0] for step in steps) == len(prompts), "local and remote never decoded in one batch"
+    dep.wait_clean()
+
+
+def test_through_the_launchers_router_one_normal_response(pd_local: PDDeployment):
+    """sglang-router sends both halves; prefill's declined half answers 200 at once, so the router passes
+    decode's response through: non-streaming, streaming, and with output logprobs."""
+    dep = pd_local
+    router = dep.start_launcher("affinity")
+    try:
+        key = {ROUTING_KEY_HEADER: f"conv-{uuid.uuid4().hex[:6]}"}
+        declined_before = _prefill(dep)["num_declined"]
+        sampling = {"max_new_tokens": 8, "temperature": 0.0, "ignore_eos": True}
+        conv = [3] + _tokens(300, 50)
+        first = requests.post(router.url + "/generate", json={"input_ids": conv, "sampling_params": sampling},
+                              headers=key, timeout=300)
+        assert first.status_code == 200, first.text
+        conv = conv + first.json()["output_ids"] + _tokens(301, 8)
+        second = requests.post(router.url + "/generate", headers=key, timeout=300,
+                               json={"input_ids": conv, "sampling_params": sampling, "return_logprob": True})
+        assert second.status_code == 200, second.text
+        body = second.json()
+        assert body["meta_info"]["decode_prefill_path"] == "decode_local"
+        assert body["output_ids"] == dep.generate(dep.plain.url, conv, 8)["output_ids"]
+        assert len(body["meta_info"]["output_token_logprobs"]) == 8
+        conv = conv + body["output_ids"] + _tokens(302, 8)
+        chunks = []
+        with requests.post(router.url + "/generate", headers=key, stream=True, timeout=300,
+                           json={"input_ids": conv, "sampling_params": sampling, "stream": True}) as resp:
+            assert resp.status_code == 200
+            for line in resp.iter_lines():
+                if line.startswith(b"data:") and line.strip() != b"data: [DONE]":
+                    chunks.append(json.loads(line[5:]))
+        assert chunks[-1]["output_ids"] == dep.generate(dep.plain.url, conv, 8)["output_ids"]
+        assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+        # One prefill half per local turn, each declined once: the router retried nothing.
+        assert _prefill(dep)["num_declined"] - declined_before == 2
+    finally:
+        router.stop()
+    dep.wait_clean()
+
+
+def test_abort_while_queued_for_the_local_extend(pd_local: PDDeployment):
+    dep = pd_local
+    prompt = _primed(dep, 400)
+    rid, room = f"local-queued-{uuid.uuid4().hex[:6]}", random.randrange(1, 2**62)
+    dep.arm_faults(dep.decodes[0], local_queue_hold_room=room)  # waits 5 s in the local queue
+    job = _in_background(dep.post_generate_pd, prompt, 16, rid=rid, room=room)
+    record = _wait(lambda: _local(dep)["requests"].get(rid), "the request to be queued locally")
+    assert record["state"] == "queued"
+    ledger = dep.scheduler_state(dep.decodes[0])["lock_ledger"]
+    assert any(o["owner"] == rid and o["state"] == "held" for o in ledger["oldest"]), ledger
+    dep.abort(dep.decodes[0], rid)
+    job["thread"].join(60)
+    prefill_half, decode_half, _ = job["resp"]
+    assert prefill_half.status_code == 200 and "decode-local prefill" in prefill_half.text
+    assert decode_half.json()["meta_info"]["finish_reason"]["type"] == "abort"
+    record = _local(dep)["requests"][rid]
+    assert record["state"] == "aborted" and record["abort_seen"] == {"state": "queued", "lock": "held"}
+    assert _prefill(dep)["declines"][str(room)]["computed_tokens"] == 0
+    dep.wait_clean()
+
+
+def test_abort_during_the_local_extend(pd_local: PDDeployment):
+    dep = pd_local
+    prompt = _primed(dep, 500)
+    rid, room = f"local-extend-{uuid.uuid4().hex[:6]}", random.randrange(1, 2**62)
+    dep.arm_faults(dep.decodes[0], local_extend_delay_room=room)  # its extend starts 3 s late
+    job = _in_background(dep.post_generate_pd, prompt, 64, rid=rid, room=room)
+    # The decline answers prefill's half before the extend is even planned; the extend then runs (and
+    # sleeps) in the scheduler, so this abort is read when the request is in the extend batch.
+    _wait(lambda: str(room) in _prefill(dep)["declines"], "prefill to answer the declined half")
+    time.sleep(0.5)
+    dep.abort(dep.decodes[0], rid)
+    job["thread"].join(60)
+    _, decode_half, _ = job["resp"]
+    assert decode_half.json()["meta_info"]["finish_reason"]["type"] == "abort"
+    assert len(decode_half.json()["output_ids"]) < 64
+    record = _local(dep)["requests"][rid]
+    assert record["abort_seen"] == {"state": "extending", "lock": "held"}, record
+    assert record["state"] == "joined"  # SGLang's running-batch abort finished it after the extend
+    assert dep.scheduler_state(dep.decodes[0])["faults"]["fired"]["local_extend_delay"] >= 1
+    dep.wait_clean()
+
+
+def test_decline_that_reaches_prefill_before_its_half(pd_local: PDDeployment):
+    """The decode half alone first: decode serves it and declines a room prefill does not know yet; the
+    prefill half sent afterwards is answered at once from the tombstone, not after a bootstrap timeout."""
+    dep = pd_local
+    prompt = _primed(dep, 600)
+    rid, room = f"local-early-{uuid.uuid4().hex[:6]}", random.randrange(1, 2**62)
+    tombstones_before = dep.scheduler_state(dep.prefill)["room_declines"]["num_tombstones_total"]
+    pairing = dep.pairing(room)
+    decoded = dep.generate(dep.decodes[0].url, prompt, 8, rid=rid, **pairing)
+    assert decoded["meta_info"]["decode_prefill_path"] == "decode_local"
+    assert decoded["output_ids"] == dep.generate(dep.plain.url, prompt, 8)["output_ids"]
+    assert dep.scheduler_state(dep.prefill)["room_declines"]["num_tombstones_total"] == tombstones_before + 1
+    start = time.monotonic()
+    prefill_half = dep.post_generate(dep.prefill.url, prompt, 8, **pairing)
+    assert prefill_half.status_code == 200 and "decode-local prefill" in prefill_half.text
+    assert time.monotonic() - start < 10
+    assert _prefill(dep)["declines"][str(room)]["computed_tokens"] == 0
+    dep.wait_clean()
+
+
+def test_prompt_logprobs_fall_back_to_prefill_counted(pd_local: PDDeployment):
+    dep = pd_local
+    prompt = _primed(dep, 700)
+    before = _local(dep)["fallbacks"]["input_logprobs"]
+    prefill_half, decode_half, _ = dep.post_generate_pd(prompt, 8, return_logprob=True, logprob_start_len=0)
+    assert prefill_half.status_code == 200 and decode_half.status_code == 200
+    body = decode_half.json()
+    assert body["meta_info"]["decode_prefill_path"] == "prefill"
+    assert body["output_ids"] == dep.generate(dep.plain.url, prompt, 8)["output_ids"]
+    assert len(prefill_half.json()["meta_info"]["input_token_logprobs"]) == len(prompt)
+    assert _local(dep)["fallbacks"]["input_logprobs"] == before + 1
+    dep.wait_clean()
+
+
+def test_nixl_and_the_normal_loop_decline_and_serve_locally(pd_local_nixl: PDDeployment, pd_local: PDDeployment):
+    dep = pd_local_nixl
+    local_prompt = _primed(dep, 800)  # page 16: the uncached part is 9 + up to 15 tokens of a page
+    remote_prompt = [5] + _tokens(801, 60)
+    with cf.ThreadPoolExecutor(2) as pool:
+        results = list(pool.map(lambda p: dep.generate_pd(p, 16), (local_prompt, remote_prompt)))
+    assert [r[1]["meta_info"]["decode_prefill_path"] for r in results] == ["decode_local", "prefill"]
+    for prompt, (_, decoded, _) in zip((local_prompt, remote_prompt), results):
+        assert decoded["output_ids"] == pd_local.generate(pd_local.plain.url, prompt, 16)["output_ids"]
+    prefill = _prefill(dep)
+    assert prefill["declines"][str(results[0][2])]["computed_tokens"] == 0
+    assert prefill["rooms"][str(results[1][2])]["num_pages_nixl"] > 0
+    dep.wait_clean()
+
+
+def test_threshold_zero_is_todays_pd_path(pd_page1: PDDeployment):
+    dep = pd_page1
+    conv = [7] + _tokens(900, 50)
+    _, first, _ = dep.generate_pd(conv, 8)
+    conv = conv + first["output_ids"] + _tokens(901, 4)  # 5 uncached tokens: would be local if it were on
+    _, decoded, room = dep.generate_pd(conv, 8)
+    assert decoded["meta_info"]["decode_prefill_path"] == "prefill"
+    assert decoded["meta_info"]["decode_kv_pages_transferred"] == len(conv) - decoded["meta_info"]["decode_prefix_len"]
+    state = dep.scheduler_state(dep.decodes[0])
+    assert state["local_prefill"]["threshold"] == 0 and state["local_prefill"]["num_requests"] == 0
+    assert all(v == 0 for v in state["local_prefill"]["fallbacks"].values())
+    assert str(room) in _prefill(dep)["rooms"] and _prefill(dep)["num_declined"] == 0
+    dep.wait_clean()

@@ -1,0 +1,53 @@
+"""bench_attention on a small grid (real SGLang pools, both backends) and the `+shared` benchmark
+configuration down to the decode server's command line."""
+
+import json
+
+import pytest
+
+from sglang_pd import bench_attention
+from sglang_pd.bench.slo import SHARED_BACKEND, parse_configs
+from sglang_pd.harness import DeploymentConfig, PDDeployment
+from sglang_pd.srt.hooks.attention_backend import BACKEND_NAME
+
+pytestmark = pytest.mark.unit
+
+
+def test_small_grid_measures_both_backends_side_by_side(tmp_path, capsys):
+    out = tmp_path / "bench_attention.json"
+    assert bench_attention.main(["--batch", "8", "--group-sizes", "1,4,8", "--prefix-lens", "32", "--own-len", "8",
+                                 "--page-size", "16", "--repeats", "1", "--json", str(out)]) == 0
+    cells = json.loads(out.read_text())["cells"]
+    assert [(c["group_size"], c["num_groups"]) for c in cells] == [(1, 0), (4, 2), (8, 1)]
+    for cell in cells:
+        assert cell["max_abs_diff"] <= 1e-5
+        assert cell["plain_ms"] > 0 and cell["shared_ms"] > 0
+        assert cell["ratio"] == pytest.approx(cell["plain_ms"] / cell["shared_ms"], abs=0.01)  # rounded to 0.01
+    # one group of 8 reads its 32-token prefix once instead of 8 times
+    assert cells[2]["plain_kv_tokens"] - cells[2]["shared_kv_tokens"] >= 7 * 32 - 8 * 8
+    assert "ratio" in capsys.readouterr().out and out.with_suffix(".png").exists()
+
+
+def test_bad_grid_is_refused():
+    with pytest.raises(SystemExit):
+        bench_attention.parse_args(["--batch", "8", "--group-sizes", "3"])
+
+
+def test_shared_config_selects_the_backend_on_decode_only():
+    assert SHARED_BACKEND == BACKEND_NAME
+    configs = {c.name: c for c in parse_configs("off,on,off+shared,on+shared", None, None)}
+    assert {n: (c.decode_radix, c.decode_attention_backend) for n, c in configs.items()} == {
+        "off": (False, "torch_native"), "on": (True, "torch_native"),
+        "off+shared": (False, BACKEND_NAME), "on+shared": (True, BACKEND_NAME)}
+    dep = PDDeployment(DeploymentConfig(decode_attention_backend=BACKEND_NAME, with_plain=True))
+    backend_of = {s.name: s.argv[s.argv.index("--attention-backend") + 1] for s in dep.servers}
+    assert backend_of == {"prefill": "torch_native", "decode0": BACKEND_NAME, "plain": "torch_native"}
+
+
+def test_identical_outputs_are_counted_against_off_or_the_first_configuration():
+    from sglang_pd.bench_multiturn import identical_outputs
+
+    outputs = {"on": {(0, 0): [1, 2], (0, 1): [3]}, "on+shared": {(0, 0): [1, 2], (0, 1): [4]}}
+    assert identical_outputs(outputs) == {"reference": "on", "num_outputs": 2, "counts": {"on+shared": 1}}
+    outputs["off"] = {(0, 0): [1, 2], (0, 1): [3]}
+    assert identical_outputs(outputs)["counts"] == {"on": 2, "on+shared": 1}

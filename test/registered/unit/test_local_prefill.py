@@ -1,0 +1,312 @@
+"""Decode-local prefill: the decision, the queue's states and per-step budget, and the accounting of lock
+and pages on every path, on real SGLang pools, trees, rows and requests (SGLang's own prealloc and
+release functions), with the allocation hook the servers use."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from conftest import make_req
+from sglang_pd.srt.disaggregation.local_prefill import (FallbackReason, LocalPrefill, LocalState,
+                                                        LocalTransitionError, decide)
+from sglang_pd.srt.mem_cache.common import RequestKind
+from sglang_pd.srt.mem_cache.standalone import paged_tree
+from sglang_pd.srt.mem_cache.tree_integrity import check_integrity
+from sglang_pd.srt.pd_metrics import PDCounters
+
+pytestmark = pytest.mark.unit
+
+
+# ---- the decision ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("threshold,prompt,prefix,logprobs,unsupported,expected", [
+    (0, 100, 96, False, None, (False, 4, None)),            # off: nothing decided, nothing counted
+    (16, 100, 80, False, None, (False, 20, None)),          # too much uncached: prefill computes it
+    (16, 100, 84, False, None, (True, 16, None)),           # exactly the threshold: local
+    (16, 100, 99, False, None, (True, 1, None)),
+    (16, 100, 100, False, None, (False, 0, FallbackReason.FULL_PREFIX_HIT)),
+    (16, 100, 90, True, None, (False, 10, FallbackReason.INPUT_LOGPROBS)),
+    (16, 100, 90, False, "grammar", (False, 10, FallbackReason.UNSUPPORTED_REQUEST)),
+    (16, 20, 0, False, None, (False, 20, None)),           # a short prompt with no hit is still too much
+    (32, 20, 0, False, None, (True, 20, None)),            # ... unless the threshold covers it
+])
+def test_decision(threshold, prompt, prefix, logprobs, unsupported, expected):
+    got = decide(threshold, prompt, prefix, logprobs, unsupported)
+    assert (got.local, got.num_uncached, got.fallback) == expected
+
+
+def test_fallbacks_are_counted_by_reason_and_off_counts_nothing():
+    counters = PDCounters()
+    lp = LocalPrefill(16, 64, counters)
+    lp.decide(100, 100, False, None)
+    lp.decide(100, 90, True, None)
+    lp.decide(100, 90, False, "LoRA adapter")
+    lp.count_fallback(FallbackReason.DECLINE_UNSENT)
+    assert lp.snapshot()["fallbacks"] == {r.value: 1 for r in FallbackReason}
+    off = LocalPrefill(0, 64, PDCounters())
+    assert not off.enabled and off.decide(100, 99, False, None).local is False
+    assert all(v == 0 for v in off.snapshot()["fallbacks"].values())
+
+
+def test_settings_refuse_a_threshold_over_the_step_budget():
+    from sglang_pd.config import problems
+
+    assert problems({"SGLANG_PD_LOCAL_PREFILL_TOKENS": "64"}) == []  # default step budget 256
+    msgs = problems({"SGLANG_PD_LOCAL_PREFILL_TOKENS": "64", "SGLANG_PD_LOCAL_PREFILL_STEP_TOKENS": "32"})
+    assert len(msgs) == 1 and "SGLANG_PD_LOCAL_PREFILL_TOKENS=64 exceeds SGLANG_PD_LOCAL_PREFILL_STEP_TOKENS=32" in msgs[0]
+    assert problems({"SGLANG_PD_LOCAL_PREFILL_TOKENS": "-1"}) == ["SGLANG_PD_LOCAL_PREFILL_TOKENS='-1' must be >= 0 tokens"]
+    with pytest.raises(ValueError):
+        LocalPrefill(64, 32, PDCounters())
+
+
+# ---- queue, states, budget ----------------------------------------------------------------------------
+def _req(rid):
+    return SimpleNamespace(rid=rid)
+
+
+def test_plan_is_fifo_within_the_step_budget_and_one_extend_per_decode_step():
+    counters = PDCounters()
+    lp = LocalPrefill(16, 32, counters)
+    reqs = [_req(f"r{i}") for i in range(4)]
+    for req, uncached in zip(reqs, (10, 16, 8, 16)):
+        lp.enqueue(req, 100, uncached)
+    assert counters.get("local_prefill_queued") == 4
+    first = lp.plan_extend(now_s=0.0, num_running=3)
+    assert [r.rid for r in first] == ["r0", "r1"]  # 10 + 16 fit the 32-token step; + 8 would not
+    lp.bind_extend("batch-1")
+    assert lp.is_extend_batch("batch-1") and lp.num_pending() == 4
+    with pytest.raises(LocalTransitionError):
+        lp.plan_extend(0.0, 3)  # no second extend while one has not joined
+    assert lp.join_extend() == "batch-1"
+    assert lp.record("r0").state is LocalState.JOINED and counters.get("local_prefill_tokens_total") == 26
+    # Requests are decoding and an extend ran since their last decode step: the decode step goes first.
+    assert lp.plan_extend(0.0, num_running=5) == [] and counters.get("local_prefill_deferred_steps_total") == 1
+    lp.on_decode_turn()
+    assert [r.rid for r in lp.plan_extend(0.0, num_running=5, max_reqs=1)] == ["r2"]  # the SLO cap
+    lp.bind_extend("batch-2")
+    lp.join_extend()
+    # Nothing decoding: nothing to protect, extends may follow each other.
+    assert [r.rid for r in lp.plan_extend(0.0, num_running=0)] == ["r3"]
+    assert counters.get("local_prefill_extends_total") == 2 and counters.get("local_prefill_requests_total") == 4
+
+
+def test_held_requests_wait_and_others_pass_them():
+    lp = LocalPrefill(16, 64, PDCounters())
+    lp.enqueue(_req("held"), 50, 8, not_before_s=10.0)
+    lp.enqueue(_req("next"), 50, 8)
+    assert [r.rid for r in lp.plan_extend(now_s=5.0, num_running=0)] == ["next"]
+    lp.bind_extend("b")
+    lp.join_extend()
+    assert lp.plan_extend(now_s=9.0, num_running=0) == []
+    assert [r.rid for r in lp.plan_extend(now_s=10.0, num_running=0)] == ["held"]
+
+
+def test_abort_takes_queued_requests_and_records_extending_ones():
+    counters = PDCounters()
+    lp = LocalPrefill(16, 64, counters)
+    a, b, c = _req("conv-a"), _req("conv-b"), _req("other")
+    for req in (a, b, c):
+        lp.enqueue(req, 40, 8)
+    lp.plan_extend(0.0, 0, max_reqs=1)  # conv-a is EXTENDING, the others QUEUED
+    lp.bind_extend("b")
+    taken = lp.abort(lambda rid: rid.startswith("conv"), lambda req: "held")
+    assert taken == [b]
+    assert lp.record("conv-a").abort_seen == {"state": "extending", "lock": "held"}
+    assert lp.record("conv-b").state is LocalState.ABORTED and lp.record("other").state is LocalState.QUEUED
+    assert counters.get("local_prefill_aborted_total") == 1 and lp.num_pending() == 2
+    assert lp.holds(c) and not lp.holds(b)
+
+
+def test_fail_and_illegal_transitions():
+    lp = LocalPrefill(16, 64, PDCounters())
+    r = _req("r")
+    lp.enqueue(r, 10, 4)
+    with pytest.raises(LocalTransitionError):
+        lp.enqueue(r, 10, 4)  # already local
+    lp.plan_extend(0.0, 0)
+    lp.bind_extend("b")
+    lp.fail([r])
+    assert lp.record("r").state is LocalState.FAILED and not lp.extend_in_flight() and lp.num_pending() == 0
+    with pytest.raises(LocalTransitionError):
+        lp.join_extend()
+
+
+# ---- accounting on real SGLang objects ---------------------------------------------------------------
+POOL = 96
+
+
+class DecodeWorld:
+    """Real decode-side objects on CPU: paged allocator + tree + request rows; the installed state's
+    admission, ledger and local-prefill queue (the ones the hooks use)."""
+
+    def __init__(self, tree_kind: str, page_size: int, state):
+        from sglang.srt.mem_cache.memory_pool import ReqToTokenPool
+
+        self.page_size = page_size
+        self.rows = ReqToTokenPool(size=8, max_context_len=POOL, device="cpu", enable_memory_saver=False)
+        self.allocator, self.tree = paged_tree(tree_kind, POOL, page_size, req_to_token_pool=self.rows)
+        self.state = state
+        state.local_prefill = LocalPrefill(32, 64, state.counters)
+
+    def cache(self, tokens):
+        """A finished earlier request left `tokens` (page-aligned) in the tree."""
+        from array import array
+
+        from sglang.srt.mem_cache.base_prefix_cache import InsertParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        slots = self.allocator.alloc(len(tokens))
+        self.tree.insert(InsertParams(key=RadixKey(token_ids=array("q", tokens)), value=slots))
+
+    def admit(self, rid, prompt):
+        """Decode admission as the server runs it: match + page-align + lock (owner = rid), then SGLang's
+        own preallocation of the row and the uncached pages (alloc_for_decode_prealloc)."""
+        from sglang.srt.disaggregation.decode import alloc_for_decode_prealloc
+        from sglang.srt.mem_cache.common import match_kv_cache
+
+        req = make_req(rid, prompt)
+        result = self.state.decode_admission.match_and_lock(req, self.tree, RequestKind.NORMAL, match_kv_cache)
+        prefix_len = self.state.decode_admission.plan_for(rid).decode_prefix_len
+        prefix = self.tree.prefix_device_indices(req) if prefix_len else None
+        self.rows.alloc([req])
+        fill_len = len(prompt)
+        req.kv.kv_committed_len = fill_len
+        if prefix_len:
+            self.rows.write((req.kv.req_pool_idx, slice(0, prefix_len)), prefix)
+        loc = alloc_for_decode_prealloc(self.allocator, req=req, fill_len=fill_len, delta_len=fill_len - prefix_len,
+                                        prefix_len=prefix_len, total_prefix_len=prefix_len, prefix_indices=prefix,
+                                        uses_swa_tail=False, swa_tail_len=0, req_to_token_pool=self.rows)
+        self.rows.write((req.kv.req_pool_idx, slice(prefix_len, prefix_len + len(loc))), loc)
+        req.full_untruncated_fill_ids = req.origin_input_ids + req.output_ids
+        req.prefix_len, req.extend_end = prefix_len, fill_len
+        req.kv.cache_protected_len = prefix_len
+        assert result is not None
+        return req, prefix_len, loc
+
+    def match(self, tokens) -> int:
+        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        return int(self.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=tokens))).device_prefix_len)
+
+    def clean(self):
+        report = check_integrity(self.tree, self.allocator, self.state.lock_ledger, idle=True)
+        return report.ok and not self.state.lock_ledger.outstanding() and self.rows.available_size() == 8
+
+
+@pytest.fixture(scope="module")
+def sglang_context():
+    """SGLang's per-process config, published from the built-in tiny model's server arguments (its
+    release path reads the speculative and serving settings)."""
+    from sglang.srt.runtime_context import create_context, use_context
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_pd.models import ensure_model_dir
+
+    args = ServerArgs(model_path=str(ensure_model_dir("tiny")), device="cpu", load_format="dummy",
+                      skip_tokenizer_init=True)
+    with use_context(create_context(args, role="test")) as context:
+        yield context
+
+
+@pytest.fixture(params=[("radix", 1), ("unified", 4)], ids=["radix-page1", "unified-page4"])
+def world(request, ledger, pd_state, sglang_context):
+    return DecodeWorld(*request.param, pd_state)
+
+
+def _decide_and_queue(world, req, prefix_len):
+    decision = world.state.local_prefill.decide(len(req.origin_input_ids), prefix_len, False, None)
+    assert decision.local
+    world.state.local_prefill.enqueue(req, prefix_len, decision.num_uncached)
+    return decision
+
+
+def test_local_extend_writes_into_the_preallocated_pages_and_finishes_clean(world):
+    """Success: the extend's out_cache_loc is exactly the pages admission preallocated (the allocator is
+    not asked for one more slot); after the extend the prompt enters the tree, the lock is released."""
+    from sglang.srt.managers.schedule_batch import FINISH_LENGTH
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    from sglang_pd.srt.hooks.schedule_batch import around_alloc_for_extend
+
+    shared = list(range(1, 41))  # 40 tokens: page-aligned for pages 1 and 4
+    world.cache(shared)
+    req, prefix_len, preallocated = world.admit("ok", shared + [90, 91, 92, 93, 94, 95])
+    assert prefix_len == 40 and world.state.lock_ledger.owners() == {"ok": 1}
+    _decide_and_queue(world, req, prefix_len)
+    free_before = world.allocator.available_size()
+
+    (planned,) = world.state.local_prefill.plan_extend(0.0, 0)
+    batch = SimpleNamespace(reqs=[planned], req_to_token_pool=world.rows, device="cpu")
+    world.state.local_prefill.bind_extend(batch)
+    out_cache_loc, rows_device, rows_cpu = around_alloc_for_extend(lambda b: pytest.fail("allocated again"), batch)
+    assert out_cache_loc.tolist() == preallocated[:6].tolist()
+    assert rows_cpu.tolist() == [req.kv.req_pool_idx] and world.allocator.available_size() == free_before
+    assert world.state.lock_ledger.owners() == {"ok": 1}, "the prefix stays locked through the extend"
+
+    world.state.local_prefill.join_extend()
+    req.output_ids.append(7)  # the first token sampled; it is also the last one
+    req.finished_reason = FINISH_LENGTH(length=1)
+    release_kv_cache(req, world.tree, checkpoint=True)  # SGLang's finish: publish the prompt, unlock
+    assert world.clean()
+    assert world.match(req.origin_input_ids) == 46 - 46 % world.page_size
+
+
+def test_abort_before_the_extend_gives_back_row_pages_and_lock(world, pd_state):
+    """Abort while QUEUED (the hook's path): the suffix pages are freed, never published; lock released."""
+    from sglang_pd.srt.hooks.decode_scheduler import release_local
+
+    world.cache(list(range(1, 41)))
+    req, prefix_len, _ = world.admit("abort-q", list(range(1, 41)) + [80, 81, 82])
+    _decide_and_queue(world, req, prefix_len)
+    assert world.state.lock_ledger.outstanding()[0].owner == "abort-q"
+    (taken,) = world.state.local_prefill.abort(lambda rid: rid == "abort-q",
+                                               lambda r: world.state.lock_ledger.state_of(r.lock).value)
+    assert world.state.local_prefill.record("abort-q").abort_seen == {"state": "queued", "lock": "held"}
+    scheduler = SimpleNamespace(tree_cache=world.tree)
+    release_local(scheduler, taken)
+    assert world.clean()
+    assert world.tree.evictable_size() == 40, "only the old prefix is cached; the uncomputed suffix is not"
+
+
+def test_failed_extend_and_pd_fallback_leave_nothing_behind(world):
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    from sglang_pd.srt.hooks.decode_scheduler import release_local
+
+    world.cache(list(range(1, 41)))
+    failed, prefix_len, _ = world.admit("fails", list(range(1, 41)) + [70, 71])
+    _decide_and_queue(world, failed, prefix_len)
+    world.state.local_prefill.plan_extend(0.0, 0)
+    world.state.local_prefill.bind_extend(SimpleNamespace(reqs=[failed]))
+    world.state.local_prefill.fail([failed])
+    release_local(SimpleNamespace(tree_cache=world.tree), failed)
+    # Fallback: within the threshold but prompt logprobs asked for: the PD path keeps the same lock and
+    # pages (nothing was done to them) and releases them as a transfer-queue exit does.
+    pd, prefix_len, _ = world.admit("fallback", list(range(1, 41)) + [60, 61])
+    decision = world.state.local_prefill.decide(len(pd.origin_input_ids), prefix_len, True, None)
+    assert not decision.local and decision.fallback is FallbackReason.INPUT_LOGPROBS
+    assert world.state.lock_ledger.owners() == {"fallback": 1}
+    release_kv_cache(pd, world.tree, checkpoint=False)
+    assert world.clean()
+    assert world.state.local_prefill.snapshot()["num_failed"] == 1
+
+
+def test_allocation_hook_leaves_other_batches_to_sglang(world):
+    from sglang_pd.srt.hooks.schedule_batch import around_alloc_for_extend
+
+    other = SimpleNamespace(reqs=[])
+    assert around_alloc_for_extend(lambda b: ("sglang's", b), other) == ("sglang's", other)
+
+
+def test_allocation_hook_refuses_a_row_without_its_whole_prompt(world):
+    from sglang_pd.srt.hooks.schedule_batch import around_alloc_for_extend
+
+    world.cache(list(range(1, 41)))
+    req, prefix_len, _ = world.admit("short-row", list(range(1, 41)) + [50, 51, 52])
+    _decide_and_queue(world, req, prefix_len)
+    world.state.local_prefill.plan_extend(0.0, 0)
+    batch = SimpleNamespace(reqs=[req], req_to_token_pool=world.rows, device="cpu")
+    world.state.local_prefill.bind_extend(batch)
+    req.kv.kv_allocated_len -= 1
+    with pytest.raises(RuntimeError, match="row holds"):
+        around_alloc_for_extend(lambda b: None, batch)

@@ -1,0 +1,155 @@
+"""Group detection on its own (bare tensors): exact segments, nesting, thresholds, never a wrong group;
+the partial-attention merge and the own-part bucketing it relies on."""
+
+import random
+
+import pytest
+import torch
+
+from sglang_pd.srt.disaggregation.attention_partials import merge_into, padded_partial, segment_partial
+from sglang_pd.srt.disaggregation.prefix_groups import find_prefix_groups
+from sglang_pd.srt.disaggregation.shared_prefix_attention import bucket_by_length
+
+pytestmark = pytest.mark.unit
+
+
+def _rows(lists: list[list[int]], width: int = 64) -> tuple[torch.Tensor, list[int]]:
+    rows = torch.full((len(lists), width), 999_999, dtype=torch.int32)  # columns past seq_len: garbage
+    for i, row in enumerate(lists):
+        rows[i, :len(row)] = torch.tensor(row, dtype=torch.int32)
+    return rows, [len(r) for r in lists]
+
+
+def _spans(grouping) -> list[tuple[int, int, tuple[int, ...]]]:
+    return sorted((s.start, s.end, s.members) for s in grouping.segments)
+
+
+def test_one_shared_prefix_then_own_parts():
+    prefix = list(range(100, 120))
+    rows, lens = _rows([prefix + [1, 2], prefix + [3], prefix + [4, 5, 6]])
+    g = find_prefix_groups(rows, lens)
+    assert _spans(g) == [(0, 20, (0, 1, 2))]
+    assert g.own_starts == (20, 20, 20) and g.own_lens() == [2, 1, 3]
+    assert g.segments[0].slots.tolist() == prefix
+    assert (g.num_groups, g.num_grouped_requests, g.num_shared_tokens, g.num_reads_saved) == (1, 3, 20, 40)
+    assert g.coverage_problems() == []
+
+
+def test_nested_branches_and_several_groups():
+    sys_a, sys_b, branch = list(range(100, 130)), list(range(200, 220)), list(range(300, 310))
+    rows, lens = _rows([sys_a + branch + [1], sys_a + branch + [2, 3], sys_a + [4], sys_b + [5], sys_b + [6], [7, 8]])
+    g = find_prefix_groups(rows, lens)
+    assert _spans(g) == [(0, 20, (3, 4)), (0, 30, (0, 1, 2)), (30, 40, (0, 1))]
+    assert g.own_starts == (40, 40, 30, 20, 20, 0)
+    assert g.coverage_problems() == []
+
+
+def test_sharing_that_ends_mid_page_is_cut_at_the_last_identical_slot():
+    page = list(range(16, 32))  # one page of 16 slots; the two rows share its first 5 slots only
+    rows, lens = _rows([list(range(0, 16)) + page + [40], list(range(0, 16)) + page[:5] + [50, 51]])
+    g = find_prefix_groups(rows, lens)
+    assert _spans(g) == [(0, 21, (0, 1))]
+    assert g.own_starts == (21, 21)
+
+
+def test_request_entirely_inside_the_shared_prefix_has_an_empty_own_part():
+    prefix = list(range(10, 50))
+    rows, lens = _rows([prefix[:24], prefix + [1], prefix + [2, 3]])
+    g = find_prefix_groups(rows, lens)
+    assert _spans(g) == [(0, 24, (0, 1, 2)), (24, 40, (1, 2))]
+    assert g.own_lens() == [0, 1, 2]
+    assert g.coverage_problems() == []
+
+
+def test_same_slots_in_another_order_or_position_are_not_shared():
+    rows, lens = _rows([[1, 2, 3, 4], [2, 1, 3, 4], [9, 1, 2, 3]])
+    g = find_prefix_groups(rows, lens)
+    assert g.segments == () and g.own_starts == (0, 0, 0)
+
+
+def test_short_runs_stay_in_own_parts_or_fold_into_a_longer_nested_run():
+    shared3, deeper = [1, 2, 3], list(range(100, 120))
+    rows, lens = _rows([shared3 + [7, 8], shared3 + deeper + [9], shared3 + deeper + [10]])
+    g = find_prefix_groups(rows, lens, min_shared_len=16)
+    # 3 tokens shared by all three are below the threshold: requests 1 and 2 read them in their
+    # 23-token segment; request 0 reads them in its own part.
+    assert _spans(g) == [(0, 23, (1, 2))]
+    assert g.own_starts == (0, 23, 23)
+    assert g.coverage_problems() == []
+    assert find_prefix_groups(rows, lens, min_shared_len=1).num_groups == 2
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_random_sharing_trees_are_covered_exactly_and_every_segment_is_identical_in_all_members(seed):
+    rng = random.Random(seed)
+    next_slot = iter(range(1000, 10**6))
+    stems = [[next(next_slot) for _ in range(rng.randrange(1, 40))] for _ in range(3)]
+    lists = []
+    for _ in range(rng.randrange(2, 12)):
+        row = list(rng.choice(stems))[:rng.randrange(1, 41)]
+        if rng.random() < 0.5:  # one of two branches, possibly after different stem lengths
+            branch = 500 + 100 * rng.randrange(2)
+            row += list(range(branch, branch + rng.randrange(0, 20)))
+        row += [next(next_slot) for _ in range(rng.randrange(0, 10))]
+        lists.append(row or [next(next_slot)])
+    rows, lens = _rows(lists, width=120)
+    g = find_prefix_groups(rows, lens, min_shared_len=rng.choice([1, 4, 16]))
+    assert g.coverage_problems() == []
+    for seg in g.segments:
+        assert len(seg.members) >= 2
+        for m in seg.members:
+            assert rows[m, seg.start:seg.end].tolist() == seg.slots.tolist()
+
+
+def test_bad_inputs_are_refused():
+    rows, lens = _rows([[1, 2], [1, 3]], width=2)
+    with pytest.raises(ValueError, match="min_shared_len"):
+        find_prefix_groups(rows, lens, min_shared_len=0)
+    with pytest.raises(ValueError, match="do not hold"):
+        find_prefix_groups(rows, [2, 3])
+    assert find_prefix_groups(rows[:0], []).segments == ()
+
+
+def _attention(q, keys, values):
+    """Reference: softmax(q k^T) v per head, q [Hq, D], keys/values [n, Hkv, D] (GQA by repeat)."""
+    group = q.shape[0] // keys.shape[1]
+    k = keys.repeat_interleave(group, dim=1).transpose(0, 1)
+    v = values.repeat_interleave(group, dim=1).transpose(0, 1)
+    return torch.softmax((q.unsqueeze(1) * k).sum(-1), dim=-1).unsqueeze(1).bmm(v).squeeze(1)
+
+
+@pytest.mark.parametrize("heads", [(4, 4), (9, 3), (8, 1)], ids=["mha", "gqa", "mqa"])
+def test_segment_plus_own_parts_merge_to_full_attention(heads):
+    gen = torch.Generator().manual_seed(0)
+    num_q, num_kv = heads
+    q = torch.randn(3, num_q, 8, generator=gen)
+    shared_k, shared_v = torch.randn(2, 20, num_kv, 8, generator=gen)
+    own = [torch.randn(2, n, num_kv, 8, generator=gen) for n in (5, 2, 0)]  # request 2: no own keys
+    out = torch.zeros(3, num_q, 8)
+    lse = torch.full((3, num_q), float("-inf"))
+    width = 5
+    pad_k = torch.zeros(num_kv, 2, width, 8)
+    pad_v = torch.zeros(num_kv, 2, width, 8)
+    bias = torch.zeros(2, 1, width)
+    for i in range(2):
+        n = own[i].shape[1]
+        pad_k[:, i, :n], pad_v[:, i, :n] = own[i][0].transpose(0, 1), own[i][1].transpose(0, 1)
+        bias[i, 0, n:] = float("-inf")
+    o, l = padded_partial(q[:2], pad_k, pad_v, bias)
+    out[:2], lse[:2] = o, l
+    o, l = segment_partial(q, shared_k.transpose(0, 1).contiguous(), shared_v.transpose(0, 1).contiguous())
+    merge_into(out, lse, torch.arange(3), o, l)
+    for i in range(3):
+        keys = torch.cat([shared_k, own[i][0]])
+        values = torch.cat([shared_v, own[i][1]])
+        assert torch.allclose(out[i], _attention(q[i], keys, values), atol=1e-5)
+
+
+def test_buckets_keep_padding_within_the_fill_bound_and_skip_empty_parts():
+    lengths = [100, 0, 7, 60, 51, 49, 8, 100]
+    buckets = bucket_by_length(lengths, min_fill=0.5)
+    assert sorted(i for b in buckets for i in b) == [0, 2, 3, 4, 5, 6, 7]
+    for bucket in buckets:
+        assert min(lengths[i] for i in bucket) >= 0.5 * max(lengths[i] for i in bucket)
+    with pytest.raises(ValueError):
+        bucket_by_length(lengths, min_fill=0)

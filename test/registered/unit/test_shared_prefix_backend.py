@@ -1,0 +1,205 @@
+"""sglang_pd_shared_prefix vs SGLang's own TorchNativeAttnBackend on real SGLang pools.
+
+Every case builds real MHATokenToKVPool / ReqToTokenPool / paged allocator / RadixCache objects
+(bench/attention_world.py), gives requests the rows decode gives them (prefixes matched in the
+tree, or rows written slot by slot for the mid-page and inside-the-prefix cases), runs one decode
+step of every layer through both backends with the same q/k/v, and requires max |diff| <= 1e-5
+(fp32) and the grouping the case is about (so equality is never the result of not sharing).
+"""
+
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from sglang_pd.bench.attention_world import DecodeWorld, Geometry, random_tokens
+from sglang_pd.srt.disaggregation.shared_attention_stats import FallbackReason, fallback_metric
+from sglang_pd.srt.hooks import attention_backend as ab
+
+pytestmark = pytest.mark.unit
+
+TOLERANCE = 1e-5
+GEOMETRIES = {"mha": Geometry(4, 4, 64, 2), "gqa": Geometry(9, 3, 64, 2), "mqa": Geometry(8, 1, 32, 2)}
+
+
+def _pages(world: DecodeWorld, num_tokens: int) -> int:
+    return -(-num_tokens // world.page_size) * world.page_size
+
+
+def no_sharing(world, rng) -> int:
+    for i in range(4):
+        prefix = random_tokens(_pages(world, 40), rng)
+        world.cache_prefix(prefix)
+        world.add_request(world.matched_slots(prefix), 10 + 9 * i)
+    world.add_request(torch.empty(0, dtype=torch.int64), 33)
+    return 0
+
+
+def one_group(world, rng) -> int:
+    system = random_tokens(_pages(world, 100), rng)
+    world.cache_prefix(system)
+    for i in range(5):
+        world.add_request(world.matched_slots(system + random_tokens(3, rng)), 5 + 11 * i)
+    return 1
+
+
+def several_groups(world, rng) -> int:
+    """Two system prompts, a conversation branch nested under the first, one request on its own."""
+    sys_a, sys_b = random_tokens(_pages(world, 64), rng), random_tokens(_pages(world, 48), rng)
+    branch = sys_a + random_tokens(_pages(world, 32), rng)
+    for tokens in (sys_a, branch, sys_b):
+        world.cache_prefix(tokens)
+    for tokens, own in ((branch, 7), (branch, 30), (sys_a, 12), (sys_b, 3), (sys_b, 41)):
+        world.add_request(world.matched_slots(tokens + random_tokens(2, rng)), own)
+    world.add_request(torch.empty(0, dtype=torch.int64), 20)
+    return 3
+
+
+def mid_page(world, rng) -> int:
+    """Two rows share 37 slots: with pages of 16 or 64 the shared run ends inside a page."""
+    run = world.alloc(_pages(world, 100))
+    world.add_row(torch.cat([run[:100], world.alloc(9)]))
+    world.add_row(torch.cat([run[:37], world.alloc(25)]))
+    world.add_row(torch.cat([run[:37], world.alloc(4)]))
+    return 1
+
+
+def inside_prefix(world, rng) -> int:
+    """Request 0's whole row (40 slots) is the start of the others' rows."""
+    run = world.alloc(_pages(world, 100))
+    world.add_row(run[:40])
+    world.add_row(torch.cat([run[:100], world.alloc(6)]))
+    world.add_row(torch.cat([run[:100], world.alloc(1)]))
+    return 2
+
+
+SCENARIOS = {f.__name__: f for f in (no_sharing, one_group, several_groups, mid_page, inside_prefix)}
+
+
+def _world(geometry: str, page_size: int, seed: int = 0) -> DecodeWorld:
+    return DecodeWorld(GEOMETRIES[geometry], page_size, pool_tokens=4096, max_requests=8, max_context=512, seed=seed,
+                       shuffle_free_pages=True)  # scattered pages: rows are not runs of consecutive slots
+
+
+def _max_diff(world: DecodeWorld, steps: int = 2) -> float:
+    diff = 0.0
+    for _ in range(steps):  # the second step re-plans the same batch and reuses the workspace
+        batch, inputs = world.decode_batch(), world.step_inputs()
+        plain = world.run_step(world.plain, batch, inputs)
+        shared = world.run_step(world.shared, batch, inputs)
+        diff = max(diff, max(float((a - b).abs().max()) for a, b in zip(plain, shared)))
+    return diff
+
+
+@pytest.mark.parametrize("page_size", [1, 16, 64])
+@pytest.mark.parametrize("geometry", ["mha", "gqa"])
+@pytest.mark.parametrize("scenario", list(SCENARIOS))
+def test_shared_prefix_decode_equals_torch_native(scenario, geometry, page_size):
+    world = _world(geometry, page_size)
+    expected_groups = SCENARIOS[scenario](world, random.Random(page_size))
+    diff = _max_diff(world)
+    step = world.stats.last_step
+    print(f"MAXDIFF {scenario} {geometry} page{page_size} groups={step.num_groups} {diff:.2e}")
+    assert step.num_groups == expected_groups, step
+    if scenario == "mid_page":  # the shared run is cut at the last identical slot, inside a page
+        assert step.num_shared_tokens == 37
+    assert diff <= TOLERANCE
+    assert world.stats.counters.values["shared_attn_decode_steps_total"] == 2
+    assert world.stats.counters.values["shared_attn_kv_reads_saved_tokens_total"] == 2 * step.num_reads_saved
+
+
+def test_mqa_one_kv_head():
+    world = _world("mqa", 16)
+    assert several_groups(world, random.Random(1)) == 3
+    diff = _max_diff(world)
+    print(f"MAXDIFF several_groups mqa page16 {diff:.2e}")
+    assert diff <= TOLERANCE and world.stats.last_step.num_groups == 3
+
+
+def test_sliding_window_layers_fall_back_to_the_wrapped_backend_and_are_counted():
+    from sglang.srt.layers.radix_attention import RadixAttention
+
+    world = _world("mha", 16)
+    one_group(world, random.Random(0))
+    g = world.geometry
+    world.layers = [RadixAttention(g.num_q_heads, g.head_dim, g.head_dim ** -0.5, g.num_kv_heads, layer_id=i,
+                                   sliding_window_size=24) for i in range(g.num_layers)]
+    batch, inputs = world.decode_batch(), world.step_inputs()
+    plain = world.run_step(world.plain, batch, inputs)
+    shared = world.run_step(world.shared, batch, inputs)
+    assert all(torch.equal(a, b) for a, b in zip(plain, shared))
+    counters = world.stats.counters.values
+    assert counters[fallback_metric(FallbackReason.SLIDING_WINDOW)] == g.num_layers
+    assert world.stats.snapshot()["fallback_layer_calls"]["sliding_window"] == g.num_layers
+
+
+def test_extend_batches_are_delegated_unchanged():
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+    world = _world("gqa", 16)
+    one_group(world, random.Random(0))
+    n = len(world.seq_lens)
+    seq_lens = torch.tensor(world.seq_lens)
+    extend_lens = torch.full((n,), 3)
+    rows = world.rows.req_to_token[torch.tensor(world.row_ids)]
+    out_loc = torch.cat([rows[i, seq_lens[i] - 3:seq_lens[i]] for i in range(n)]).long()
+    batch = ForwardBatch(forward_mode=ForwardMode.EXTEND, batch_size=n, input_ids=torch.zeros(3 * n, dtype=torch.int64),
+                         req_pool_indices=torch.tensor(world.row_ids), seq_lens=seq_lens, out_cache_loc=out_loc,
+                         seq_lens_sum=int(seq_lens.sum()), seq_lens_cpu=seq_lens, extend_prefix_lens=seq_lens - 3,
+                         extend_seq_lens=extend_lens)
+    g = world.geometry
+    q = torch.randn(3 * n, g.num_q_heads * g.head_dim)
+    k, v = torch.randn(2, 3 * n, g.num_kv_heads, g.head_dim)
+    for backend in (world.plain, world.shared):
+        backend.init_forward_metadata(batch)
+    plain = world.plain.forward(q, k, v, world.layers[0], batch)
+    shared = world.shared.forward(q, k, v, world.layers[0], batch)
+    assert torch.equal(plain, shared)
+    assert world.shared.plan is None and world.stats.counters.values["shared_attn_decode_steps_total"] == 0
+
+
+def test_a_decode_forward_of_an_unplanned_batch_is_refused():
+    world = _world("mha", 1)
+    one_group(world, random.Random(0))
+    planned, other = world.decode_batch(), world.decode_batch()
+    world.shared.init_forward_metadata(planned)
+    q, k, v = world.step_inputs()[0]
+    with pytest.raises(RuntimeError, match="did not plan"):
+        world.shared.forward(q, k, v, world.layers[0], other)
+
+
+def test_registered_by_name_and_refused_where_it_cannot_serve():
+    from sglang.srt.arg_groups.choices import ATTENTION_BACKEND_CHOICES
+    from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+
+    from sglang_pd.srt.state import current
+
+    ab.register_backend_choice()
+    ab.register_backend_factory()
+    ab.register_backend_factory()  # idempotent
+    assert ATTENTION_BACKEND_CHOICES.count(ab.BACKEND_NAME) == 1
+    assert ATTENTION_BACKENDS[ab.BACKEND_NAME] is ab.create_backend
+    world = _world("mha", 1)
+    runner = SimpleNamespace(device="cpu", use_mla_backend=False, req_to_token_pool=world.rows,
+                             token_to_kv_pool=world.kv)
+    backend = ATTENTION_BACKENDS[ab.BACKEND_NAME](runner)
+    assert isinstance(backend, ab.SharedPrefixAttnBackend)
+    assert current().shared_attention.snapshot()["backend"] == ab.BACKEND_NAME
+    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+
+    fp8_pool = MHATokenToKVPool(size=64, page_size=1, dtype=torch.float8_e4m3fn, head_num=4, head_dim=64,
+                                layer_num=1, device="cpu", enable_memory_saver=False)
+    for change, message in ((dict(device="cuda"), "only the CPU implementation"),
+                            (dict(use_mla_backend=True), "MLA"),
+                            (dict(token_to_kv_pool=object()), "KV pool object"),
+                            (dict(token_to_kv_pool=fp8_pool), "quantised KV")):
+        with pytest.raises(ValueError, match=message):
+            ab.create_backend(SimpleNamespace(**{**vars(runner), **change}))
+
+
+def test_metric_names_stay_distinct_once_prometheus_drops_the_total_suffix():
+    from sglang_pd.srt.pd_metrics import METRICS
+
+    exported = [name.removesuffix("_total") if kind == "counter" else name for name, (kind, _) in METRICS.items()]
+    assert len(exported) == len(set(exported))
