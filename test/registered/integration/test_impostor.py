@@ -1,5 +1,5 @@
-"""An impostor process against a running PD pair: without the secret it cannot register, claim a waiting
-room, receive one byte of KV or mark a transfer done; the real pair keeps serving.
+"""An impostor process against a running PD pair: without the secret it cannot register, claim or drop
+(room decline) a waiting room, receive one byte of KV or mark a transfer done; the real pair keeps serving.
 
 The impostor runs a real transfer endpoint in this process (a Mooncake TransferEngine / a NIXL agent)
 with zeroed buffers laid out like the real decode's, so any KV that prefill sent it would land there.
@@ -23,6 +23,7 @@ from sglang_pd.harness.hostile_peer import (PeerSocket, Templates, TransferPeer,
                                             captured_frames, handshake_view, rank_endpoint, wait_received)
 from sglang_pd.models import VOCAB_SIZE
 from sglang_pd.srt.disaggregation.peer_auth import PeerAuth
+from sglang_pd.srt.disaggregation.room_decline import DeclineNotice, decline_frames
 
 pytestmark = pytest.mark.integration
 
@@ -77,30 +78,32 @@ def test_impostor_gets_nothing_and_the_pair_keeps_serving(name, request, plain_u
             _wait_for(lambda: stalled_room in _rooms(dep, dep.decodes[0], 2), "decode room never waited")
             _wait_for(lambda: stalled_room in handshake_view(dep, dep.prefill)["rooms"]["transfer_info_rooms"],
                       "decode's transfer info never reached prefill")
+            decline = decline_frames(DeclineNotice(room, None, "impostor"), "127.0.0.1", impostor.identity.port)
             p_before = handshake_view(dep, dep.prefill)["gate"]
             d_before = handshake_view(dep, dep.decodes[0])["gate"]
 
             with PeerSocket(rank_endpoint(dep, dep.prefill)) as to_prefill, \
                     PeerSocket(rank_endpoint(dep, dep.decodes[0])) as to_decode:
-                for auth in (None, WRONG):   # register + claim the waiting room; forge "transfer done"
+                for auth in (None, WRONG):   # register + claim / decline the waiting room; forge "transfer done"
                     to_prefill.send(impostor.registration(), auth)
                     to_prefill.send(impostor.claim(room), auth)
+                    to_prefill.send(decline, auth)
                     to_decode.send(impostor.templates.status(stalled_room, 4), auth)
                 for kind in ("registration", "transfer_info"):
                     to_prefill.send_raw(real_prefill[kind])
                 to_decode.send_raw(real_decode["status"])
-            p_view = wait_received(dep, dep.prefill, p_before["num_received"] + 6)
+            p_view = wait_received(dep, dep.prefill, p_before["num_received"] + 8)
             d_view = wait_received(dep, dep.decodes[0], d_before["num_received"] + 3)
             time.sleep(2.0)  # would-be transfers get time to land before we look
-            for view, before, n in ((p_view, p_before, 2), (d_view, d_before, 1)):
+            for view, before, n, n_forged in ((p_view, p_before, 2, 3), (d_view, d_before, 1, 1)):
                 refused = {k: view["gate"]["auth_refused"].get(k, 0) - before["auth_refused"].get(k, 0)
                            for k in ("missing", "unknown_key", "replayed", "stale")}
                 # a replay inside the 30 s window is caught by its nonce, an older one by its timestamp
                 # (the registration was captured when the pair first met, possibly minutes ago)
                 replays = refused["replayed"] + refused["stale"]
-                assert (refused["missing"], refused["unknown_key"], replays) == (n, n, n), view["gate"]
+                assert (refused["missing"], refused["unknown_key"], replays) == (n_forged, n_forged, n), view["gate"]
                 assert view["gate"]["num_admitted"] == before["num_admitted"]
-            assert room in _rooms(dep, dep.prefill, 1), "the impostor claimed the waiting room"
+            assert room in _rooms(dep, dep.prefill, 1), "the impostor claimed or dropped the waiting room"
             assert impostor.identity.name not in handshake_view(dep, dep.prefill)["rooms"]["registered_peers"]
             assert stalled_room in _rooms(dep, dep.decodes[0], 2), "decode believed a forged 'transfer done'"
             assert impostor.bytes_received() == 0

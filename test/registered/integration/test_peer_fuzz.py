@@ -2,7 +2,7 @@
 
 Per deployment (pd_page1: mooncake without a secret; pd_page16: mooncake, authenticated; pd_nixl: NIXL,
 authenticated) and per side (prefill's socket, decode's socket): messages derived from well-formed
-templates by random mutations plus purely random ones, sent fast in rounds of 500. After each round the
+templates (prefill's include a room decline) by random mutations plus purely random ones, sent fast in rounds of 500. After each round the
 test waits until the gate has read every message, then checks (through /sglang_pd/stats) that the PD
 threads of both servers are alive. On authenticated deployments 9 in 10 messages are signed with the
 deployment's secret (so they reach the frame checks) and 1 in 10 is not (refused by authentication).
@@ -21,6 +21,7 @@ from sglang_pd.harness.hostile_peer import (PeerIdentity, PeerSocket, Templates,
                                             handshake_view, mutate, random_frames, rank_endpoint, wait_received)
 from sglang_pd.models import VOCAB_SIZE
 from sglang_pd.srt.disaggregation.peer_auth import PeerAuth
+from sglang_pd.srt.disaggregation.room_decline import DeclineNotice, decline_frames
 
 pytestmark = pytest.mark.integration
 
@@ -38,8 +39,10 @@ def _seeds(backend: str, side: str, rng: random.Random) -> list[list[bytes]]:
     t = Templates(backend, FUZZ_PEER)
     room = new_bootstrap_room(rng)
     if side == "prefill":
+        decline = decline_frames(DeclineNotice(new_bootstrap_room(rng), 503, "fuzz"), "127.0.0.1", 3)
         return [t.registration([4096, 8192], 2048, [12288], num_slots=64), t.transfer_info(room, [1, 2, 3]),
-                t.transfer_info(room, [], decode_prefix_len=32), t.abort(room), t.abort(room, "127.0.0.1", 3)]
+                t.transfer_info(room, [], decode_prefix_len=32), t.abort(room), t.abort(room, "127.0.0.1", 3),
+                decline]
     seeds = [t.status(room, 4), t.status(room, 0), t.abort_ack(room)]
     return seeds + ([t.aux_data(room, 0, 1, b"\x01" * 16)] if backend == "mooncake" else [])
 

@@ -23,6 +23,7 @@ class ManagerHost:
         self.claimed: set[int] = set()
 
     def registered_peer(self, name: str) -> PeerRecord | None:
+        """What peer `name` registered (endpoint, port, NIXL pool size), or None (read-only)."""
         info = getattr(self.mgr, "decode_kv_args_table", {}).get(name)
         if info is None:
             return None
@@ -30,14 +31,17 @@ class ManagerHost:
         return PeerRecord(str(info.endpoint), int(info.dst_port), int(slots) if slots else None)
 
     def num_registered(self) -> int:
+        """Peers registered with this manager (read-only)."""
         return len(getattr(self.mgr, "decode_kv_args_table", {}))
 
     def room_claimed(self, room: int) -> bool:
+        """Decode: a request waits on `room`. Prefill: a local request's sender exists for it (read-only)."""
         if self.limits.side is Side.DECODE:
             return room in self.mgr.request_status
         return room in self.claimed and room in self.mgr.request_status
 
     def fail_room(self, room: int, reason: str, notify) -> bool:
+        """Fail `room` through SGLang if claimed; tell `notify` (decode's endpoint) if given. True if failed here."""
         from sglang.srt.disaggregation.base.conn import KVPoll
 
         claimed = self.room_claimed(room)
@@ -50,6 +54,7 @@ class ManagerHost:
         return claimed
 
     def drop_unclaimed(self, room: int) -> bool:
+        """Forget what a foreign room left in SGLang's tables (not if claimed); True if a transfer info was held."""
         if self.room_claimed(room):
             return False
         self.mgr.req_to_decode_prefix_len.pop(room, None)
