@@ -105,3 +105,19 @@ def test_tombstones_are_bounded_and_expire():
     assert tombs.take(1) is None and tombs.take(2) == "bad 2" and tombs.take(2) is None
     clock.now = 6
     assert tombs.take(3) is None and len(tombs) == 0
+
+
+def test_unclaimed_bytes_stay_consistent_when_a_room_gets_several_transfer_infos():
+    """Regression: a second transfer info for a tracked room added its bytes to the room but not to the
+    total, so forgetting the room drove the total negative (/sglang_pd/stats showed num_bytes -108)."""
+    clock = Clock()
+    rooms = UnclaimedRooms(ttl_s=10, clock=clock)
+    rooms.note(7, 108)
+    rooms.note(7, 108)   # a second decode rank (or a resend) names the same room
+    rooms.note(8, 50)
+    assert rooms.snapshot()["num_bytes"] == 266
+    assert rooms.sweep(lambda r: r == 7, lambda r: True) == []   # claimed: forgotten, not dropped
+    assert rooms.snapshot()["num_bytes"] == 50 and rooms.snapshot()["num_tracked"] == 1
+    clock.now = 11
+    assert rooms.sweep(lambda r: False, lambda r: True) == [8]
+    assert rooms.snapshot() == {"num_tracked": 0, "num_bytes": 0, "num_expired": 1, "ttl_s": 10.0}

@@ -40,10 +40,13 @@ class UnclaimedRooms:
         self.num_expired = 0
 
     def note(self, room: int, num_bytes: int) -> None:
-        """A transfer info of `num_bytes` arrived for `room` (mutates)."""
+        """A transfer info of `num_bytes` arrived for `room` (mutates).
+
+        A room's bytes add up over its transfer infos (one per decode rank, or a resend), and the
+        total moves by exactly what the room's entry moves: invariant total == sum of entries."""
         seen = self._rooms.get(room)
         first = seen.first_seen if seen else self._clock()
-        self._num_bytes += num_bytes - (seen.num_bytes if seen else 0)
+        self._num_bytes += num_bytes
         self._rooms[room] = _Seen(first, (seen.num_bytes if seen else 0) + num_bytes)
 
     def sweep(self, is_claimed: Callable[[int], bool], drop: Callable[[int], bool]) -> list[int]:
