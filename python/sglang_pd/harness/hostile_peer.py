@@ -177,17 +177,26 @@ def rank_endpoint(dep, server) -> str:
 
 
 def wait_received(dep, server, at_least: int, timeout_s: float = 60.0) -> dict:
-    """Poll until the server's gate has received `at_least` messages in total; returns its handshake view."""
+    """Poll until the server's gate has received `at_least` messages in total; returns its handshake view.
+
+    Raises AssertionError at once when a PD thread of the server is dead (its reader then receives
+    nothing more: the count stalls because of the death, which is the failure to report), else when
+    the count is still short after `timeout_s`; both messages carry the thread view and the gate's."""
     import time
 
     deadline = time.monotonic() + timeout_s
     while True:
         view = handshake_view(dep, server)
-        if view["gate"]["num_received"] >= at_least:
+        received = view["gate"]["num_received"]
+        if received >= at_least:
             return view
+        if view["threads"]["dead"]:
+            raise AssertionError(f"{server.name}: PD thread(s) dead {view['threads']['dead']} after its gate received "
+                                 f"{received} of {at_least} messages (server log: {server.log_path}); "
+                                 f"threads {view['threads']}; gate {view['gate']}")
         if time.monotonic() > deadline:
-            raise AssertionError(f"{server.name} gate received {view['gate']['num_received']} < {at_least} "
-                                 f"messages in {timeout_s:.0f} s: {view['gate']}")
+            raise AssertionError(f"{server.name} gate received {received} < {at_least} messages in {timeout_s:.0f} s; "
+                                 f"threads {view['threads']}; gate {view['gate']}")
         time.sleep(0.2)
 
 

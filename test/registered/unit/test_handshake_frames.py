@@ -142,7 +142,24 @@ def test_aux_data_bounds_and_foreign_nixl_traffic():
 
 
 # ---- oracle: what the checks admit, SGLang's readers parse -----------------------------------------------
-def parse_like_prefill(msg: list[bytes], backend: str) -> None:
+def _prefill_self(lim: FrameLimits, mla: bool = False, kv_item_lens=(2048, 2048)):
+    """The attributes SGLang's registration reader uses of its own manager (DCP place, KV geometry)."""
+    kv_args = SimpleNamespace(page_size=lim.page_size, num_draft_entries=0, kv_item_lens=list(kv_item_lens))
+    return SimpleNamespace(dcp_size=lim.dcp_size, dcp_rank=lim.dcp_rank, is_mla_backend=mla,
+                           is_hybrid_mla_backend=False, kv_args=kv_args)
+
+
+def register_like_prefill(info, backend: str, me) -> None:
+    """What prefill's bootstrap thread does with a parsed registration before storing it (SGLang's code):
+    the DCP pairing check, and mooncake's relayout geometry check when a relayout is needed."""
+    from sglang.srt.disaggregation.common.conn import CommonKVManager
+
+    if CommonKVManager.requires_dcp_relayout(me, info.dst_dcp_size, info.dst_dcp_rank) and backend == "mooncake":
+        num_entries = len(me.kv_args.kv_item_lens)
+        CommonKVManager.prepare_dcp_token_item_lens(me, [info.dst_kv_item_len] * num_entries, info.dst_dcp_size)
+
+
+def parse_like_prefill(msg: list[bytes], backend: str, me=None) -> None:
     """What prefill's bootstrap thread and scheduler do with a message (SGLang's own parsers)."""
     from sglang.srt.disaggregation.common.conn import AbortNotification
 
@@ -159,7 +176,7 @@ def parse_like_prefill(msg: list[bytes], backend: str) -> None:
     room = msg[0].decode("ascii")
     msg[3].decode("ascii")
     if room == "None":
-        KVArgsRegisterInfo.from_zmq(msg)
+        register_like_prefill(KVArgsRegisterInfo.from_zmq(msg), backend, me)
         return
     int(room)
     info = TransferInfo.from_zmq(msg)
@@ -194,11 +211,44 @@ def test_every_admitted_mutation_parses_in_sglang(backend):
     for i in range(3000):
         msg = random_frames(rng) if i % 10 == 0 else mutate(rng.choice(seeds), rng)[1]
         if check_message(msg, lim).reason is None:
-            parse_like_prefill(msg, backend)
+            parse_like_prefill(msg, backend, _prefill_self(lim))
             admitted += 1
         else:
             rejected += 1
     assert admitted > 100 and rejected > 1000, (admitted, rejected)
+
+
+DCP_AT = {"mooncake": 16, "nixl": 22}  # dcp size frame of a registration (NIXL: after its guard frame)
+
+
+@pytest.mark.parametrize("place", ["dcp1", "dcp2_rank1", "mla_relayout"])
+@pytest.mark.parametrize("backend", ["mooncake", "nixl"])
+def test_registrations_pairing_a_dcp_sglang_refuses_are_refused(backend, place):
+    """Regression (page-16 fuzz): a registration whose DCP rank did not match this rank passed the checks,
+    then SGLang's requires_dcp_relayout raised in prefill's bootstrap thread and the thread ended.
+    Oracle: SGLang's own DCP pairing (and mooncake's relayout geometry) code on the same values."""
+    size, rank = {"dcp1": (1, 0), "dcp2_rank1": (2, 1), "mla_relayout": (1, 0)}[place]
+    mla = place == "mla_relayout"
+    relayout = (2048 // PAGE, 2048 // PAGE) if mla else None
+    lim = limits(backend, Side.PREFILL, dcp_size=size, dcp_rank=rank, dcp_relayout_token_bytes=relayout)
+    me = _prefill_self(lim, mla=mla)
+    t = Templates(backend, PEER if backend == "mooncake" else NIXL_PEER)
+    num_admitted = num_refused = 0
+    for item_len in (2048, 4096):
+        base = t.registration([4096, 8192], item_len, [12288], num_slots=65)
+        for peer_size, peer_rank in [(s, r) for s in (b"", b"1", b"2", b"4") for r in (b"", b"0", b"1", b"3")]:
+            msg = list(base)
+            msg[DCP_AT[backend]:DCP_AT[backend] + 2] = [peer_size, peer_rank]
+            verdict = check_message(msg, lim)
+            try:
+                parse_like_prefill(list(msg), backend, me)
+                sglang_error = None
+            except RuntimeError as exc:
+                sglang_error = exc
+            assert (verdict.reason is None) == (sglang_error is None), (peer_size, peer_rank, verdict, sglang_error)
+            num_admitted += verdict.reason is None
+            num_refused += verdict.reason is not None
+    assert num_admitted and num_refused
 
 
 @pytest.mark.parametrize("backend", ["mooncake", "nixl"])

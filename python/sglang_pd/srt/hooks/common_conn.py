@@ -19,6 +19,7 @@ The logic lives in srt/disaggregation/ (handshake_gate, handshake_frames, peer_a
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 
@@ -78,7 +79,21 @@ def zmq_frame_cap(limits: FrameLimits) -> int:
     return max(16 * _MIB, 2 * limits.max_frame_bytes)
 
 
+def with_dcp_place(limits: FrameLimits, mgr) -> FrameLimits:
+    """Prefill: `limits` with the manager's DCP size and rank (known once SGLang built it) and, when it
+    relays KV out to a larger decode DCP (MLA, DCP 1), its non-draft entries' bytes per token."""
+    if limits.side is not Side.PREFILL:
+        return limits
+    size, rank = int(mgr.dcp_size), int(mgr.dcp_rank)
+    relayout = None
+    if size == 1 and (mgr.is_mla_backend or mgr.is_hybrid_mla_backend):  # upstream's requires_dcp_relayout
+        items = list(mgr.kv_args.kv_item_lens)
+        relayout = tuple(n // limits.page_size for n in items[:len(items) - int(mgr.kv_args.num_draft_entries)])
+    return dataclasses.replace(limits, dcp_size=size, dcp_rank=rank, dcp_relayout_token_bytes=relayout)
+
+
 def _install(mgr, limits: FrameLimits, before) -> None:
+    limits = with_dcp_place(limits, mgr)
     host = ManagerHost(mgr, limits)
     prefill = limits.side is Side.PREFILL
     state = current()
