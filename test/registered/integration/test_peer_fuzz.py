@@ -92,6 +92,9 @@ def test_fuzz_rank_socket(dep: PDDeployment, plain_url: str, side: str):
     assert received == len(corpus) and admitted + rejected + refused == received
     assert refused == (unsigned if auth else 0)
     assert rejected > len(corpus) // 2, "most mutations must be refused by the frame checks"
+    unclaimed = gate.get("unclaimed_rooms")  # prefill only: bytes held for unclaimed rooms, never negative
+    if unclaimed is not None:
+        assert unclaimed["num_bytes"] >= 0 and (unclaimed["num_tracked"] or not unclaimed["num_bytes"]), unclaimed
     prompt = [random.Random(side).randrange(3, VOCAB_SIZE) for _ in range(40)]
     assert dep.generate_pd(prompt, 8)[1]["output_ids"] == dep.generate(plain_url, prompt, 8)["output_ids"]
     dep.wait_clean()
