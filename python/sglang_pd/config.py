@@ -26,6 +26,9 @@ LOCAL_PREFILL_TOKENS = f"{PREFIX}LOCAL_PREFILL_TOKENS"
 LOCAL_PREFILL_STEP_TOKENS = f"{PREFIX}LOCAL_PREFILL_STEP_TOKENS"
 TEST_LOGS = f"{PREFIX}TEST_LOGS"
 MOONCAKE_MAX_BATCH_DESCRIPTORS = f"{PREFIX}MOONCAKE_MAX_BATCH_DESCRIPTORS"
+PEER_SECRET_FILE = f"{PREFIX}PEER_SECRET_FILE"
+PEER_AUTH_MAX_SKEW_S = f"{PREFIX}PEER_AUTH_MAX_SKEW_S"
+UNCLAIMED_ROOM_TTL_S = f"{PREFIX}UNCLAIMED_ROOM_TTL_S"
 
 
 class SettingsError(ValueError):
@@ -82,6 +85,17 @@ def _folder(value: str) -> Path:
     return Path(value)
 
 
+def _secret_file(value: str) -> Path:
+    """A readable file of keys of >= 32 characters; the message names the path, never the content."""
+    from sglang_pd.srt.disaggregation.peer_auth import SecretFileError, read_keys
+
+    try:
+        read_keys(value)
+    except SecretFileError as exc:
+        raise ValueError(f"is unusable: {exc}") from None
+    return Path(value)
+
+
 @dataclass(frozen=True)
 class Setting:
     """One environment setting and the Settings field it fills."""
@@ -125,6 +139,18 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(MOONCAKE_MAX_BATCH_DESCRIPTORS, "mooncake_max_batch_descriptors", "512",
             "mooncake: a transfer batch with more descriptors is sent as consecutive batches of at most this "
             "many (its TCP transport refuses a batch over its per-peer queue limit: ~2,048 here)", _whole),
+    # Hostile peers (srt/disaggregation/peer_auth.py, handshake_gate.py); README "Security model".
+    Setting(PEER_SECRET_FILE, "peer_secret_file", None,
+            "path of a file holding the PD deployment's shared secret (one key per line, >= 32 characters; the "
+            "first signs, all verify: rotation). Every handshake message and bootstrap request is then "
+            "authenticated (HMAC-SHA256, timestamp + nonce). Same file on every PD server; unset: peers are "
+            "not authenticated (one warning at start-up)", _secret_file),
+    Setting(PEER_AUTH_MAX_SKEW_S, "peer_auth_max_skew_s", "30",
+            "seconds a signed handshake message stays acceptable (clocks of PD servers must agree within it)",
+            _positive("seconds")),
+    Setting(UNCLAIMED_ROOM_TTL_S, "unclaimed_room_ttl_s", "120",
+            "prefill: seconds a room's transfer infos are kept while no local request claims the room",
+            _positive("seconds")),
     Setting(TEST_LOGS, "test_logs", None,
             "tests only: folder where the integration tier keeps server logs (default /tmp/sglang_pd-test-logs)",
             _folder),
@@ -145,6 +171,9 @@ class Settings:
     local_prefill_tokens: int = 0
     local_prefill_step_tokens: int = 256
     mooncake_max_batch_descriptors: int = 512
+    peer_secret_file: Path | None = None
+    peer_auth_max_skew_s: float = 30.0
+    unclaimed_room_ttl_s: float = 120.0
     test_logs: Path | None = None
 
     @classmethod
@@ -172,21 +201,25 @@ def _parse(env: Mapping[str, str]) -> tuple[dict[str, Any], list[str]]:
             values[setting.field] = setting.parse(raw)
         except ValueError as exc:
             problems.append(f"{setting.name}={raw!r} {exc}")
-    problems += _conflicts(values)
+    problems += _conflicts(values, env)
     known = {s.name for s in SETTINGS}
     problems += [f"{name} is not a sglang_pd setting (known: {', '.join(sorted(known))})"
                  for name in env if name.startswith(PREFIX) and name not in known]
     return values, problems
 
 
-def _conflicts(values: dict[str, Any]) -> list[str]:
+def _conflicts(values: dict[str, Any], env: Mapping[str, str]) -> list[str]:
     """Settings that are fine alone but not together, one message naming both."""
+    problems = []
+    if values.get("peer_secret_file") and env.get("SGLANG_DISAGG_STAGING_BUFFER", "").lower() in ("1", "true"):
+        problems.append(f"{PEER_SECRET_FILE} cannot be combined with SGLANG_DISAGG_STAGING_BUFFER=1: SGLang sends "
+                        "staging requests on sockets sglang_pd does not sign")
     threshold = values.get("local_prefill_tokens", 0)
     step = values.get("local_prefill_step_tokens", Settings.local_prefill_step_tokens)
     if threshold > step:
-        return [f"{LOCAL_PREFILL_TOKENS}={threshold} exceeds {LOCAL_PREFILL_STEP_TOKENS}={step}: a request's "
-                "uncached tokens run in one local extend, which must fit one step's budget"]
-    return []
+        problems.append(f"{LOCAL_PREFILL_TOKENS}={threshold} exceeds {LOCAL_PREFILL_STEP_TOKENS}={step}: a request's "
+                        "uncached tokens run in one local extend, which must fit one step's budget")
+    return problems
 
 
 def problems(environ: Mapping[str, str] | None = None) -> list[str]:

@@ -6,15 +6,21 @@ only the hook-table rows meant for this process; SGLang's `HookRegistry.apply_ho
 them. On any SGLang version other than the pinned one we log one line and register nothing, so an
 upgrade cannot silently run half-patched. A bad or unknown `SGLANG_PD_*` setting stops the process at
 start with one line naming it: a server must not run without the guards its operator configured.
+
+Peer authentication is fail-closed: with SGLANG_PD_PEER_SECRET_FILE set, a plugin that cannot activate
+(other SGLang version) stops the server instead of letting it serve unauthenticated. Without the
+setting, the HTTP process logs one warning naming the risk.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
 import sglang_pd
-from sglang_pd.config import Settings, SettingsError
+from sglang_pd.config import PEER_SECRET_FILE, Settings, SettingsError
+from sglang_pd.srt.disaggregation.peer_guard import UNAUTHENTICATED_WARNING
 from sglang_pd.srt import state as process_state
 
 refused_reason: str | None = None  # why this process runs without the plugin (None: active or not loaded)
@@ -48,6 +54,9 @@ def register() -> None:
     if found != sglang_pd.SUPPORTED_SGLANG_VERSION:
         _refuse(f"sglang_pd {sglang_pd.__version__} requires sglang=={sglang_pd.SUPPORTED_SGLANG_VERSION}, "
                 f"found {found}; plugin NOT active")
+        if os.environ.get(PEER_SECRET_FILE):
+            _log(f"refusing to start: {PEER_SECRET_FILE} is set but the plugin cannot activate")
+            raise SystemExit(2)
         return
     try:
         settings = Settings.from_env()
@@ -61,6 +70,10 @@ def register() -> None:
 
     state = process_state.build_state(kind, settings)
     process_state.install(state)
+    if kind is process_state.ProcessKind.HTTP:
+        auth = state.peer_guard.auth
+        _log(f"WARNING: {UNAUTHENTICATED_WARNING}" if auth is None else
+             f"PD peers authenticated (HMAC-SHA256; key ids {', '.join(auth.key_ids)})")
     for spec in hooks_for(kind):
         HookRegistry.register(spec.target, spec.fn, HookType[spec.hook_type])
         state.applied_hooks.append(f"{spec.hook_type} {spec.target}")

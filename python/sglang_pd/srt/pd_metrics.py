@@ -91,6 +91,15 @@ METRICS: dict[str, tuple[str, str]] = {
     "early_rejection_probes_total": ("counter", "requests let through as probes while the TTFT predictor said refuse"),
     "early_rejection_declines_total": ("counter", "refused requests whose prefill half decode declined (answered at once)"),
     "early_rejection_unrefusable_total": ("counter", "requests let through although over target: their prefill is not known yet, so could not be told"),
+    # Hostile peers (srt/disaggregation/handshake_gate.py, peer_auth.py, thread_watch.py)
+    "handshake_messages_rejected_total": ("counter", "PD handshake messages / bootstrap requests dropped as malformed "
+                                                     "or out of bounds before SGLang parsed them"),
+    "peer_auth_refused_total": ("counter", "PD handshake messages / bootstrap requests or answers refused for a "
+                                           "missing, wrong, stale or replayed auth tag"),
+    "handshake_rooms_failed_total": ("counter", "rooms failed because a rejected message named them"),
+    "unclaimed_rooms_expired_total": ("counter", "rooms whose transfer infos were dropped: no request claimed them"),
+    "pd_threads_dead": ("gauge", "PD threads (bootstrap, status listener, transfer workers) found dead; /health "
+                                 "fails while > 0"),
     # shared-prefix decode attention (srt/hooks/attention_backend.py; names in shared_attention_stats.py)
     **SHARED_ATTENTION_METRICS,
 }
@@ -134,6 +143,11 @@ class PDCounters:
             self._prom[name] = metric
             for value, amount in self.labelled[name].items():
                 metric.labels(role, backend, value).inc(amount)
+
+    @property
+    def bound(self) -> bool:
+        """True once the Prometheus twins exist in this process."""
+        return bool(self._prom)
 
     def add(self, name: str, amount: float = 1) -> None:
         """Increase counter `name` by `amount` (>= 0); raises KeyError for a name not in METRICS."""

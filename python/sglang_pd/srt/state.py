@@ -21,6 +21,7 @@ from sglang_pd.srt.disaggregation.admission_round import AdmissionRound
 from sglang_pd.srt.disaggregation.decode_admission import DecodePrefixAdmission
 from sglang_pd.srt.disaggregation.local_prefill import LocalPrefill
 from sglang_pd.srt.disaggregation.nixl_host_memory import HostMemoryScope
+from sglang_pd.srt.disaggregation.peer_guard import PeerGuard, load_auth
 from sglang_pd.srt.disaggregation.prefill_transfer_log import PrefillTransferLog
 from sglang_pd.srt.disaggregation.radix_resume import RadixResume
 from sglang_pd.srt.disaggregation.room_decline import RoomDeclineTable
@@ -89,6 +90,7 @@ class ProcessState:
     room_declines: RoomDeclineTable
     transfer_watch: TransferWatch
     shared_attention: SharedAttentionStats
+    peer_guard: PeerGuard
     applied_hooks: list[str] = field(default_factory=list)
     last_integrity: IntegrityReport | None = None
 
@@ -141,6 +143,7 @@ class ProcessState:
             "local_prefill": self.local_prefill.snapshot(),
             "room_declines": self.room_declines.snapshot(),
             "shared_attention": self.shared_attention.snapshot(),
+            "handshake": self.peer_guard.snapshot(),
         }
 
 
@@ -159,7 +162,9 @@ def build_state(kind: ProcessKind, settings: Settings) -> ProcessState:
         local_prefill=LocalPrefill(settings.local_prefill_tokens, settings.local_prefill_step_tokens, counters),
         room_declines=RoomDeclineTable(counters),
         transfer_watch=TransferWatch(settings.nixl_stall_timeout_s, prefill_log, faults),
-        shared_attention=SharedAttentionStats(counters))
+        shared_attention=SharedAttentionStats(counters),
+        peer_guard=PeerGuard(auth=load_auth(settings.peer_secret_file, settings.peer_auth_max_skew_s),
+                             room_ttl_s=settings.unclaimed_room_ttl_s))
 
 
 _current: ProcessState | None = None

@@ -1,15 +1,18 @@
 """Session-wide real deployments: started on first use, shared by every integration test, stopped
 by PID at the end of the session.
 
-`pd_page1`: prefill + decode (radix on) + plain server + router, page size 1 (mooncake_tcp).
-`pd_page16`: prefill + decode (radix on), page size 16 (mooncake_tcp).
-`pd_nixl`: prefill + decode (radix on), page size 16, NIXL over host memory.
+`pd_page1`: prefill + decode (radix on) + plain server + router, page size 1 (mooncake_tcp); peers
+           NOT authenticated (no SGLANG_PD_PEER_SECRET_FILE: upstream's behaviour plus our frame checks).
+`pd_page16`: prefill + decode (radix on), page size 16 (mooncake_tcp), peers authenticated.
+`pd_nixl`: prefill + decode (radix on), page size 16, NIXL over host memory, peers authenticated.
 All compare against `pd_page1`'s plain server (greedy output does not depend on page size/backend).
+Every test on pd_page16 / pd_nixl therefore also runs the whole PD handshake signed and verified.
 """
 
 import json
 import os
 import platform
+import secrets
 from pathlib import Path
 
 import pytest
@@ -41,6 +44,7 @@ def record_figures(name: str, figures: dict) -> None:
 WAITING_TIMEOUT_S = 30
 
 _started: dict[str, PDDeployment] = {}
+_secret_written: list[Path] = []
 initial_states: dict[str, dict] = {}
 
 
@@ -57,8 +61,27 @@ def _deployment(name: str, config: DeploymentConfig) -> PDDeployment:
 # default; the prefill-side transport failure test needs the pair serving again within seconds.
 SESSION_PROBE_S = 2
 
+# Transfer infos of a room no prefill request claims are dropped after this long; the same as decode's
+# own patience, so no test's legitimately late prefill half can lose its room.
 _ENV = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)),
-        ("SGLANG_FAILED_SESSION_PROBE_INTERVAL_S", str(SESSION_PROBE_S)))
+        ("SGLANG_FAILED_SESSION_PROBE_INTERVAL_S", str(SESSION_PROBE_S)),
+        ("SGLANG_PD_UNCLAIMED_ROOM_TTL_S", str(WAITING_TIMEOUT_S)))
+
+
+def peer_secret_file() -> Path:
+    """The shared secret of the authenticated deployments (fresh per session, mode 0600)."""
+    path = LOG_ROOT / "peer_secret"
+    if not _secret_written:
+        LOG_ROOT.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_hex(32) + "\n")
+        _secret_written.append(path)
+    return path
+
+
+def _auth_env() -> tuple[tuple[str, str], ...]:
+    return (("SGLANG_PD_PEER_SECRET_FILE", str(peer_secret_file())),)
 
 
 @pytest.fixture(scope="session")
@@ -71,7 +94,7 @@ def pd_page1() -> PDDeployment:
 @pytest.fixture(scope="session")
 def pd_page16() -> PDDeployment:
     return _deployment("page16", DeploymentConfig(page_size=16, fault_injection=True,
-                                                  log_dir=LOG_ROOT / "page16", env_overrides=_ENV))
+                                                  log_dir=LOG_ROOT / "page16", env_overrides=_ENV + _auth_env()))
 
 
 # NIXL stall bound for tests (default 60 s): an injected stall then fails within the test's patience.
@@ -80,7 +103,7 @@ NIXL_STALL_S = 8
 
 @pytest.fixture(scope="session")
 def pd_nixl() -> PDDeployment:
-    env = _ENV + (("SGLANG_PD_NIXL_STALL_TIMEOUT_S", str(NIXL_STALL_S)),)
+    env = _ENV + _auth_env() + (("SGLANG_PD_NIXL_STALL_TIMEOUT_S", str(NIXL_STALL_S)),)
     return _deployment("nixl", DeploymentConfig(page_size=16, transfer_backend="nixl", fault_injection=True,
                                                 log_dir=LOG_ROOT / "nixl", env_overrides=env))
 

@@ -1,7 +1,8 @@
 """Decode-local prefill on real servers: local and remote requests in one batch equal a plain server's,
 prefill computes nothing for a local request and answers its half with 200, through the launcher's
 router too; aborts on each local path and the decline-before-prefill race leave both servers clean;
-NIXL as well as mooncake_tcp, SGLang's overlap and normal decode loops; threshold 0 is today's PD path."""
+NIXL (peers authenticated: every decline signed and verified) as well as mooncake_tcp (no secret),
+SGLang's overlap and normal decode loops; threshold 0 is today's PD path."""
 
 import concurrent.futures as cf
 import json
@@ -12,7 +13,7 @@ import uuid
 import pytest
 import requests
 
-from conftest import LOG_ROOT, WAITING_TIMEOUT_S
+from conftest import LOG_ROOT, WAITING_TIMEOUT_S, peer_secret_file
 from lock_checks import in_background
 from sglang_pd.config import LOCAL_PREFILL_STEP_TOKENS, LOCAL_PREFILL_TOKENS
 from sglang_pd.harness import DeploymentConfig, PDDeployment
@@ -38,8 +39,10 @@ def pd_local():
 @pytest.fixture(scope="module")
 def pd_local_nixl():
     """NIXL over host memory, page 16, and decode on SGLang's normal (non-overlap) loop: the other
-    deployment runs the overlap loop, SGLang's default (on CPU too)."""
-    config = DeploymentConfig(page_size=16, transfer_backend="nixl", env_overrides=_ENV,
+    deployment runs the overlap loop, SGLang's default (on CPU too). Peers authenticated: the declines
+    pass prefill's gate only signed."""
+    auth = (("SGLANG_PD_PEER_SECRET_FILE", str(peer_secret_file())),)
+    config = DeploymentConfig(page_size=16, transfer_backend="nixl", env_overrides=_ENV + auth,
                               extra_decode_args=("--disable-overlap-schedule",),
                               log_dir=LOG_ROOT / "local_prefill_nixl")
     with PDDeployment(config) as dep:

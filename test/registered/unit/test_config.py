@@ -41,6 +41,44 @@ def test_on_by_default_flags_and_their_off_switch():
         assert validate({name: "on"}) == [f"{name}='on' must be 0 or 1"]
 
 
+def _register(env: dict, before: str = "") -> subprocess.CompletedProcess:
+    """plugin.register() in a fresh HTTP-kind interpreter with exactly `env` (plus PATH)."""
+    code = f"import sglang_pd.plugin as p; {before}p.register(); print('ACTIVE', p.refused_reason is None)"
+    return subprocess.run([sys.executable, "-c", code], env={"PATH": "/usr/bin:/bin", **env},
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_peer_secret_refuses_start_when_unusable_and_never_shows_the_secret(tmp_path):
+    secret = "0123456789abcdef0123456789abcdef-the-real-secret"
+    good = tmp_path / "secret"
+    good.write_text(secret + "\n")
+    short = tmp_path / "short"
+    short.write_text("tiny-secret-value\n")
+    cases = {str(tmp_path / "absent"): "does not exist", str(short): "shorter than 32 characters",
+             str(tmp_path): "cannot be read"}
+    for path, reason in cases.items():
+        proc = _register({"SGLANG_PD_PEER_SECRET_FILE": path})
+        assert proc.returncode != 0 and "ACTIVE" not in proc.stdout, proc.stdout
+        assert f"refusing to start: bad setting: SGLANG_PD_PEER_SECRET_FILE={path!r} is unusable" in proc.stderr
+        assert reason in proc.stderr and "tiny-secret-value" not in proc.stderr
+    proc = _register({"SGLANG_PD_PEER_SECRET_FILE": str(good)})
+    assert "ACTIVE True" in proc.stdout, proc.stderr
+    assert "PD peers authenticated (HMAC-SHA256; key ids" in proc.stderr and secret not in proc.stderr + proc.stdout
+    proc = _register({"SGLANG_PD_PEER_SECRET_FILE": str(good), "SGLANG_DISAGG_STAGING_BUFFER": "1"})
+    assert proc.returncode != 0 and "cannot be combined with SGLANG_DISAGG_STAGING_BUFFER=1" in proc.stderr
+
+
+def test_without_the_secret_one_warning_and_with_it_an_inactive_plugin_stops_the_server(tmp_path):
+    proc = _register({})
+    warnings = [line for line in proc.stderr.splitlines() if "SGLANG_PD_PEER_SECRET_FILE is not set" in line]
+    assert "ACTIVE True" in proc.stdout and len(warnings) == 1 and "NOT authenticated" in warnings[0]
+    good = tmp_path / "secret"
+    good.write_text("k" * 40)
+    other_version = "p.installed_sglang_version = lambda: '0.0.1'; "
+    proc = _register({}, before=other_version)
+    assert "ACTIVE False" in proc.stdout and "plugin NOT active" in proc.stderr, "no secret: inactive, serving"
+    proc = _register({"SGLANG_PD_PEER_SECRET_FILE": str(good)}, before=other_version)
+    assert proc.returncode != 0 and "is set but the plugin cannot activate" in proc.stderr
 def test_one_settings_object_parsed_from_the_declarations():
     import dataclasses
 

@@ -8,7 +8,7 @@ import pytest
 
 from sglang_pd.srt.disaggregation.room_decline import (DeclineError, DeclineNotice, RoomDeclineTable,
                                                        decline_frames, parse_decline)
-from sglang_pd.srt.disaggregation.transfer_info_guard import MOONCAKE, NIXL, check_frames
+from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits, MessageKind, Side, check_message
 from sglang_pd.srt.pd_metrics import PDCounters
 
 pytestmark = pytest.mark.unit
@@ -44,12 +44,20 @@ def test_upstream_messages_are_not_declines_and_broken_declines_are_named():
         DeclineNotice(7, 200, "200 is spelled None")
 
 
-def test_transfer_info_guard_never_sees_a_decline_as_transfer_info():
-    """The decline is consumed before the guard on prefill; even if it reached the guard, its room frame
-    is the ABORT tag, not a room number: the guard reports it as foreign, never as a room to fail."""
-    frames = decline_frames(DeclineNotice(99, None, "x"), "127.0.0.1", 1)
-    for layout in (MOONCAKE, NIXL):
-        assert check_frames(frames, layout).room is None
+def test_the_rank_socket_schema_admits_a_decline_and_names_what_is_wrong_with_a_broken_one():
+    """Prefill's rank socket checks every message before upstream parses it: a decline is a message of
+    its own there (both backends), well-formed ones pass, broken ones are refused with their room."""
+    frames = decline_frames(DeclineNotice(99, 503, "x" * 100), "127.0.0.1", 4567)
+    broken = {"generation": (4, b"3", "decline generation"), "status": (6, b"two hundred", "unreadable decline"),
+              "port": (3, b"http", "port"), "message": (7, b"m" * 5000, "more than 4096")}
+    for backend in ("mooncake", "nixl"):
+        limits = FrameLimits(backend, Side.PREFILL, 16, 64, 1 << 20)
+        verdict = check_message(frames, limits)
+        assert (verdict.kind, verdict.reason, verdict.room) == (MessageKind.DECLINE, None, 99)
+        assert check_message(frames[:7], limits).reason.startswith("malformed decline (room 99)")
+        for at, value, named in broken.values():
+            bad = check_message(frames[:at] + [value] + frames[at + 1:], limits)
+            assert bad.kind is MessageKind.DECLINE and bad.room == 99 and named in bad.reason, bad.reason
 
 
 class FakeRooms:

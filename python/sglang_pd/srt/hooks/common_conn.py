@@ -1,21 +1,181 @@
-"""Hooks on SGLang's common KV transfer classes (disaggregation/common/conn.py), the bootstrap-message
-guard the mooncake and NIXL managers (subclasses of CommonKVManager) share, and the room decline
-both ends of it (srt/disaggregation/room_decline.py):
+"""Hooks on SGLang's common KV transfer classes (disaggregation/common/conn.py), shared by the mooncake
+and NIXL managers (subclasses of CommonKVManager):
 
-    decode:  send_decline(receiver, notice)       -> every prefill rank of the receiver's room
-    prefill: guard_bootstrap_message consumes it  -> RoomDeclineTable (fail the room now, or tombstone)
+- CommonKVManager.__init__ (AROUND): bind the rank socket with a frame cap, put the `HandshakeGate`
+  in front of it (every receiving thread of both backends reads it), watch the PD threads.
+- CommonKVManager._send_multipart_locked (BEFORE) and CommonKVReceiver._connect (AROUND): every
+  message prefill sends decode (status, ABORT_ACK, AUX_DATA) and decode sends prefill (registration,
+  transfer info, ABORT, BOOTSTRAP, room decline) carries the auth trailer when a secret is configured.
+- CommonKVSender.__init__ (AFTER): the room is claimed by a local request; a room a rejected message
+  failed before its request existed fails now instead of waiting for the bootstrap timeout.
+- CommonKVSender._prepare_send_indices (AFTER): KV pages really handed to the transport, per room.
+- the room decline (srt/disaggregation/room_decline.py), both ends of it:
+
+    decode:  send_decline(receiver, notice)    -> every prefill rank of the receiver's room (signed)
+    prefill: the gate checks it, consume_decline_first takes it -> RoomDeclineTable (fail now, or tombstone)
+
+The logic lives in srt/disaggregation/ (handshake_gate, handshake_frames, peer_auth, manager_host).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import threading
 
+from sglang_pd.srt.disaggregation.guarded_socket import GuardedSocket, SigningSocket
+from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits, Side
+from sglang_pd.srt.disaggregation.handshake_gate import HandshakeGate
+from sglang_pd.srt.disaggregation.manager_host import ManagerHost
 from sglang_pd.srt.disaggregation.room_decline import DeclineError, DeclineNotice, decline_frames, parse_decline
-from sglang_pd.srt.disaggregation.transfer_info_guard import FrameLayout, check_frames
+from sglang_pd.srt.disaggregation.room_expiry import RoomTombstones, UnclaimedRooms
+from sglang_pd.srt.disaggregation.thread_watch import ThreadRole, ThreadWatch, Watchdog
+from sglang_pd.srt.fault_injection import Fault
+from sglang_pd.srt.hooks.network import frame_cap
 from sglang_pd.srt.mem_cache.common import bytes_per_page
 from sglang_pd.srt.state import current, mode_name
 
 logger = logging.getLogger(__name__)
+_MIB = 1 << 20
+
+
+# ---- the rank socket ----------------------------------------------------------------------------------
+def around_manager_init(original, mgr, args, disaggregation_mode, server_args, is_mla_backend=False):
+    """Build SGLang's manager with a capped rank socket, then guard the socket and watch the threads."""
+    before = threading.enumerate()
+    limits = frame_limits(args, type(mgr).__module__, mode_name(disaggregation_mode))
+    with frame_cap(zmq_frame_cap(limits) if limits else None):
+        original(mgr, args, disaggregation_mode, server_args, is_mla_backend)
+    if limits is None:
+        logger.warning("sglang_pd: %s rank socket is not guarded (only mooncake and nixl are)", type(mgr).__name__)
+        return
+    _install(mgr, limits, before)
+
+
+def frame_limits(args, module: str, mode: str) -> FrameLimits | None:
+    """What this manager's pools let a peer name; None for backends we do not guard."""
+    backend = next((b for b in ("mooncake", "nixl") if f".{b}." in f".{module}."), None)
+    if backend is None or mode not in ("prefill", "decode"):
+        return None
+    from sglang.srt.environ import envs
+
+    lens, items = list(args.kv_data_lens or []), list(args.kv_item_lens or [])
+    max_pages = lens[0] // items[0] if lens and items and items[0] else 1 << 20
+    aux_items = tuple(int(n) for n in args.aux_item_lens or [])
+    aux_slots = tuple(int(d) // int(i) if i else 0 for d, i in zip(args.aux_data_lens or [], aux_items))
+    side = Side(mode)
+    # Prefill's largest legitimate frames: page-index lists and NIXL agent metadata (KBs per agent).
+    if side is Side.PREFILL:
+        max_frame = max(4 * _MIB, 4 * (max_pages + 64))
+    else:
+        max_frame = max(_MIB, max(aux_items, default=0) + 64)
+    return FrameLimits(backend, side, int(args.page_size), max_pages + 8, max_frame,
+                       staging=bool(envs.SGLANG_DISAGG_STAGING_BUFFER.get()),
+                       aux_item_lens=aux_items, aux_slots=aux_slots)
+
+
+def zmq_frame_cap(limits: FrameLimits) -> int:
+    """libzmq's hard cap: well above any field's own limit, so most oversize frames reach the gate (logged)."""
+    return max(16 * _MIB, 2 * limits.max_frame_bytes)
+
+
+def with_dcp_place(limits: FrameLimits, mgr) -> FrameLimits:
+    """Prefill: `limits` with the manager's DCP size and rank (known once SGLang built it) and, when it
+    relays KV out to a larger decode DCP (MLA, DCP 1), its non-draft entries' bytes per token."""
+    if limits.side is not Side.PREFILL:
+        return limits
+    size, rank = int(mgr.dcp_size), int(mgr.dcp_rank)
+    relayout = None
+    if size == 1 and (mgr.is_mla_backend or mgr.is_hybrid_mla_backend):  # upstream's requires_dcp_relayout
+        items = list(mgr.kv_args.kv_item_lens)
+        relayout = tuple(n // limits.page_size for n in items[:len(items) - int(mgr.kv_args.num_draft_entries)])
+    return dataclasses.replace(limits, dcp_size=size, dcp_rank=rank, dcp_relayout_token_bytes=relayout)
+
+
+def _install(mgr, limits: FrameLimits, before) -> None:
+    limits = with_dcp_place(limits, mgr)
+    host = ManagerHost(mgr, limits)
+    prefill = limits.side is Side.PREFILL
+    state = current()
+    guard, ttl = state.peer_guard, state.peer_guard.room_ttl_s
+    guard.tombstones = RoomTombstones(ttl) if prefill else None
+    guard.gate = HandshakeGate(limits, host, guard.auth, UnclaimedRooms(ttl) if prefill else None,
+                               guard.tombstones, on_count=state.counters.add, capture=state.settings.fault_injection)
+    mgr.server_socket = GuardedSocket.around(mgr.server_socket, guard.gate, on_error=_count_gate_error,
+                                             before_admit=_injected_reader_exit)
+    ip = f"[{mgr.local_ip}]" if ":" in str(mgr.local_ip) else mgr.local_ip
+    guard.endpoint = f"tcp://{ip}:{mgr.rank_port}"
+    guard.rooms_view = host.rooms_view
+    guard.host = host
+    guard.pool = {"page_size": limits.page_size, "num_pages": limits.max_kv_pages - 8,
+                  "num_kv_buffers": len(mgr.kv_args.kv_data_ptrs), "kv_item_lens": list(mgr.kv_args.kv_item_lens[:1]),
+                  "aux_item_lens": list(limits.aux_item_lens)}
+    guard.watch = ThreadWatch(before, lambda: expected_threads(mgr, limits.side), _on_thread_death)
+    Watchdog(guard.watch).start()
+    logger.info("sglang_pd: %s %s rank socket %s guarded (auth %s, frames <= %d bytes, %d pages)",
+                limits.backend, limits.side.value, guard.endpoint, "on" if guard.auth else "OFF",
+                limits.max_frame_bytes, limits.max_kv_pages)
+
+
+def expected_threads(mgr, side: Side) -> dict[ThreadRole, int] | None:
+    """The PD threads SGLang's manager runs once built (None while prefill's queues do not exist yet)."""
+    if side is Side.DECODE:
+        return {ThreadRole.STATUS_LISTENER: 1, ThreadRole.HEARTBEAT: 1}
+    queues = getattr(mgr, "transfer_queues", None)
+    return None if queues is None else {ThreadRole.BOOTSTRAP: 1, ThreadRole.TRANSFER_WORKER: len(queues)}
+
+
+def _on_thread_death(name: str, role: ThreadRole) -> None:
+    logger.error("sglang_pd: PD thread %r (%s) is dead: this server can no longer pair requests with its peers; "
+                 "/health now answers 503 (restart the server)", name, role.value)
+    state = current()
+    state.counters.set("pd_threads_dead", len(state.peer_guard.dead_threads()))
+
+
+def _injected_reader_exit() -> None:
+    """Test-only (SGLANG_PD_ENABLE_FAULT_INJECTION): end the reading thread as an upstream parse error would."""
+    if current().faults.take(Fault.RANK_READER_EXIT):
+        raise RuntimeError("sglang_pd test fault rank_reader_exit: the rank socket's reading thread ends here")
+
+
+def _count_gate_error(doing: str) -> None:
+    """Called inside the except block of the gate's caller: counted and logged, the message dropped."""
+    state = current()
+    state.peer_guard.num_gate_errors += 1
+    state.hook_failed("handshake_gate", "while %s; the message was dropped", doing)
+
+
+# ---- outgoing messages ----------------------------------------------------------------------------------
+def before_send_multipart_locked(mgr, endpoint, parts, is_ipv6=False):
+    """Append the auth trailer to what this manager sends a peer (no-op without a secret)."""
+    auth = current().peer_guard.auth
+    if auth is None:
+        return None
+    parts = [bytes(p) for p in parts]
+    return (mgr, endpoint, parts + auth.sign_frames(parts)), {"is_ipv6": is_ipv6}
+
+
+def around_receiver_connect(original, cls, endpoint, is_ipv6=False):
+    """Decode's PUSH sockets to prefill ranks sign every message (no-op without a secret). A classmethod
+    upstream: SGLang's registry hands the hook the class first."""
+    sock, lock = original(cls, endpoint, is_ipv6)
+    auth = current().peer_guard.auth
+    return (sock, lock) if auth is None else (SigningSocket.around(sock, auth), lock)
+
+
+def after_sender_init(result, sender, mgr, bootstrap_addr, bootstrap_room, req_has_disagg_prefill_dp_rank=False):
+    """Record the room as claimed by a local request; fail it at once if a rejected message failed it before."""
+    tombstones = current().peer_guard.tombstones
+    host = current().peer_guard.host
+    if host is not None:
+        host.claimed.add(int(bootstrap_room))
+    reason = tombstones.take(int(bootstrap_room)) if tombstones is not None else None
+    if reason is not None:
+        from sglang.srt.disaggregation.base.conn import KVPoll
+
+        mgr.record_failure(int(bootstrap_room), reason)
+        mgr.update_status(int(bootstrap_room), KVPoll.Failed)
+    return result
 
 
 def after_prepare_send_indices(result, sender, kv_indices, state_indices=None):
@@ -31,31 +191,16 @@ def after_prepare_send_indices(result, sender, kv_indices, state_indices=None):
     return result
 
 
-def guard_bootstrap_message(original, mgr, msg, layout: FrameLayout) -> bool:
-    """Prefill: consume a room decline; drop (and fail the room of) a malformed transfer-info message
-    before upstream parses it.
+def consume_decline_first(original, mgr, msg) -> bool:
+    """Prefill: consume a room decline before upstream's ABORT parser sees it; else upstream's handling.
 
-    `original` is the manager's `_handle_abort_notification`, which upstream calls on every message of
-    its bootstrap thread first. Returns True when the message was consumed (upstream skips it).
+    `original` is the manager's `_handle_abort_notification`, which upstream calls first on every
+    message of its bootstrap thread (already admitted by the gate, auth trailer removed). Returns
+    True when the message was consumed (upstream skips it).
     """
     if mode_name(mgr.disaggregation_mode) == "prefill" and _consume_decline(mgr, msg):
         return True
-    if original(mgr, msg):
-        return True  # an abort notification, handled by SGLang
-    if mode_name(mgr.disaggregation_mode) != "prefill":
-        return False
-    verdict = check_frames(msg, layout)
-    if verdict.reason is None:
-        return False
-    reason = f"sglang_pd: rejected by prefill: {verdict.reason}"
-    logger.error(reason)
-    current().prefill_log.record_rejection(verdict.room, "", reason)
-    if verdict.room is not None:
-        from sglang.srt.disaggregation.base.conn import KVPoll
-
-        mgr.record_failure(verdict.room, reason)
-        mgr.update_status(verdict.room, KVPoll.Failed)
-    return True  # consumed: upstream's parser never sees it, its thread lives on
+    return original(mgr, msg)
 
 
 # ---- room decline ----------------------------------------------------------------------------------

@@ -3,11 +3,13 @@
 GET /sglang_pd/info   -> version, role, hooks applied in the HTTP and scheduler processes.
 GET /sglang_pd/stats  -> the scheduler-side state of every DP rank (counters, ledger, integrity, ...).
 POST /sglang_pd/faults -> arm test faults (mounted only with SGLANG_PD_ENABLE_FAULT_INJECTION=1).
+SGLang's /health and /health_generate answer 503 while a PD thread is dead (srt/disaggregation/health_guard.py).
 """
 
 from __future__ import annotations
 
 import sglang_pd
+from sglang_pd.srt.disaggregation.health_guard import HealthGuardMiddleware
 from sglang_pd.srt.disaggregation.retry_after import RetryAfterMiddleware
 from sglang_pd.srt.fault_injection import KEY_PREFIX
 from sglang_pd.srt.scrape_refresh import RefreshBeforeScrape
@@ -52,8 +54,9 @@ async def info() -> dict:
 
 
 async def stats() -> dict:
-    """Scheduler-side counters of every DP rank."""
-    return {"role": _role(), "schedulers": await _scheduler_states()}
+    """Scheduler-side counters of every DP rank, and this HTTP process's peer guard (bootstrap server)."""
+    return {"role": _role(), "schedulers": await _scheduler_states(),
+            "http_process": {"handshake": current().peer_guard.snapshot()}}
 
 
 async def arm_faults(body: dict) -> dict:
@@ -87,8 +90,24 @@ def before_launch_server(server_args, init_tokenizer_manager_func=None, run_sche
     app.add_middleware(RefreshBeforeScrape, refresh=_refresh_schedulers)
     if settings.ttft_target_s is not None:
         app.add_middleware(RetryAfterMiddleware)
+    app.add_middleware(HealthGuardMiddleware, dead_threads=_dead_pd_threads)
 
 
 async def _refresh_schedulers() -> None:
     """Every scheduler runs its integrity check (and updates its gauges) now: see srt/hooks/scheduler.py."""
     await _scheduler_states()
+
+
+async def _dead_pd_threads() -> dict[str, str]:
+    """name -> role of every dead PD thread of this server (this HTTP process and its schedulers)."""
+    from sglang.srt.entrypoints.http_server import get_global_state
+
+    dead: dict[str, str] = {}
+    bootstrap = getattr(get_global_state().tokenizer_manager, "bootstrap_server", None)
+    thread = getattr(bootstrap, "thread", None)
+    if thread is not None and not thread.is_alive():
+        dead[thread.name] = "bootstrap_http_server"
+    for state in await _scheduler_states():
+        threads = (state.get("handshake") or {}).get("threads") or {}
+        dead.update(threads.get("dead") or {})
+    return dead

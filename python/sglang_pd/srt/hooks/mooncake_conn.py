@@ -1,17 +1,17 @@
-"""Hooks on SGLang's `MooncakeKVManager` (disaggregation/mooncake/conn.py): bootstrap messages checked
+"""Hooks on SGLang's `MooncakeKVManager` (disaggregation/mooncake/conn.py): room declines consumed
 first, batches kept under the TCP transport's queue limit, the prefill-side send-failure test fault."""
 
 from __future__ import annotations
 
 from sglang_pd.srt.disaggregation.transfer_batches import descriptor_batches
-from sglang_pd.srt.disaggregation.transfer_info_guard import MOONCAKE
-from sglang_pd.srt.hooks.common_conn import guard_bootstrap_message
+from sglang_pd.srt.hooks.common_conn import consume_decline_first
 from sglang_pd.srt.state import current
 
 
 def around_handle_abort_notification(original, mgr, msg):
-    """Drop (and fail the room of) a malformed mooncake transfer-info message before upstream parses it."""
-    return guard_bootstrap_message(original, mgr, msg, MOONCAKE)
+    """Prefill: a room decline is consumed here; anything else goes to upstream's ABORT handling.
+    (Malformed messages never get here: the rank socket's HandshakeGate dropped them.)"""
+    return consume_decline_first(original, mgr, msg)
 
 
 def around_send_kvcache(original, mgr, mooncake_session_id, prefill_kv_indices, dst_kv_ptrs, dst_kv_indices,

@@ -1,13 +1,17 @@
 """Hooks on SGLang's `NixlKVManager` (disaggregation/nixl/conn.py): host-memory KV, stall bound, pages
-counted at NIXL, bootstrap messages checked first. The logic is in srt/disaggregation/nixl_host_memory.py."""
+counted at NIXL, room declines consumed first, a registration NIXL cannot load dropped (not the
+bootstrap thread). The logic is in srt/disaggregation/nixl_host_memory.py."""
 
 from __future__ import annotations
 
+import logging
+
 from sglang_pd.srt.disaggregation.nixl_host_memory import HOST_MEMORY_KIND
-from sglang_pd.srt.disaggregation.transfer_info_guard import NIXL
-from sglang_pd.srt.hooks.common_conn import guard_bootstrap_message
+from sglang_pd.srt.hooks.common_conn import consume_decline_first
 from sglang_pd.srt.mem_cache.common import bytes_per_page
 from sglang_pd.srt.state import current
+
+logger = logging.getLogger(__name__)
 
 
 def _kv_on_host() -> bool:
@@ -45,5 +49,32 @@ def around_await_handles(original, mgr, handles, *, failure_seen):
 
 
 def around_handle_abort_notification(original, mgr, msg):
-    """Same check as mooncake's, for NIXL (whose parser also asserts on foreign traffic)."""
-    return guard_bootstrap_message(original, mgr, msg, NIXL)
+    """Same as mooncake's: a room decline is consumed here, anything else goes to upstream."""
+    return consume_decline_first(original, mgr, msg)
+
+
+def around_add_remote_peer(original, mgr, decode_kv_args):
+    """Register a NIXL peer; on failure forget it (counted) instead of ending the bootstrap thread.
+
+    The gate checked the registration's frames, but the agent metadata blob is NIXL's to parse:
+    `add_remote_agent` raises on a bad blob (upstream has stored the peer by then), and a blob naming
+    another agent than the frame leaves a peer no transfer can reach.
+    """
+    name = decode_kv_args.agent_name
+    known = name in mgr.decode_kv_args_table
+    try:
+        original(mgr, decode_kv_args)
+        if known or mgr.agent.check_remote_metadata(name):
+            return None
+        problem = "its agent metadata names another agent"
+    except Exception as exc:  # NIXL's own parse of a peer-supplied blob
+        problem = f"{type(exc).__name__}: {str(exc)[:200]}"
+    if not known:
+        mgr.decode_kv_args_table.pop(name, None)
+    state = current()
+    state.counters.add("handshake_messages_rejected_total", 1)
+    if state.peer_guard.gate is not None:
+        state.peer_guard.gate.count_external_rejection("registration")
+    logger.warning("sglang_pd: NIXL registration of agent %r (%s:%s) refused: %s", name,
+                   decode_kv_args.endpoint, decode_kv_args.dst_port, problem)
+    return None

@@ -12,14 +12,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from sglang_pd.srt.hooks import (attention_backend, common_conn, common_utils, decode_prealloc_queue,
-                                 decode_scheduler, http_server, mem_cache_common, mooncake_conn, nixl_api, nixl_conn,
-                                 output_streamer, prefill, prefix_cache, schedule_batch, scheduler, tokenizer_manager)
+from sglang_pd.srt.hooks import (attention_backend, bootstrap_server, common_conn, common_utils,
+                                 decode_prealloc_queue, decode_scheduler, http_server, mem_cache_common, mooncake_conn,
+                                 network, nixl_api, nixl_conn, output_streamer, prefill, prefix_cache,
+                                 requests_sessions, schedule_batch, scheduler, tokenizer_manager)
 from sglang_pd.srt.state import ProcessKind
 
 _DISAGG = "sglang.srt.disaggregation"
 _TREE = "sglang.srt.mem_cache.base_prefix_cache.BasePrefixCache"
 _UTREE = "sglang.srt.mem_cache.unified_radix_cache.UnifiedRadixCache"
+_CONN = "sglang.srt.disaggregation.common.conn"
 
 
 @dataclass(frozen=True)
@@ -77,12 +79,12 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
     HookSpec(
         f"{_DISAGG}.mooncake.conn.MooncakeKVManager._handle_abort_notification", "AROUND",
         mooncake_conn.around_handle_abort_notification, ProcessKind.SCHEDULER,
-        "check transfer-info frames first: a malformed one fails its room, not the bootstrap thread; "
-        "prefill: consume a room decline (fail the room now, or tombstone it until it exists)"),
+        "prefill: consume a room decline (fail the room now, or tombstone it until it exists) before "
+        "upstream's ABORT parser; malformed messages never get here (the HandshakeGate, below)"),
     HookSpec(
         f"{_DISAGG}.nixl.conn.NixlKVManager._handle_abort_notification", "AROUND",
         nixl_conn.around_handle_abort_notification, ProcessKind.SCHEDULER,
-        "same for NIXL (whose parser also asserts on foreign traffic), declines included"),
+        "same for NIXL"),
     HookSpec(
         f"{_DISAGG}.nixl.conn.NixlKVManager.__init__", "AROUND", nixl_conn.around_init,
         ProcessKind.SCHEDULER, "CPU device: register KV as DRAM (upstream says VRAM) and scope the next row"),
@@ -203,6 +205,37 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         f"{_DISAGG}.prefill.SchedulerDisaggregationPrefillMixin.handle_bootstrap_failure", "AROUND",
         prefill.around_handle_bootstrap_failure, ProcessKind.SCHEDULER,
         "prefill: a declined room answers as decode asked (200 for decode-local prefill), not as a failure"),
+    # ---- hostile peers (issue 16; handshake_gate.py, peer_auth.py, bootstrap_guard.py, thread_watch.py) ----
+    HookSpec(
+        f"{_CONN}.CommonKVManager.__init__", "AROUND", common_conn.around_manager_init, ProcessKind.SCHEDULER,
+        "every message on the rank socket (prefill and decode, mooncake and NIXL, every receiving thread) "
+        "passes the HandshakeGate before SGLang parses it: auth, schema, state; PD threads watched"),
+    HookSpec(
+        "sglang.srt.utils.network.get_zmq_socket_on_host", "AROUND", network.around_get_zmq_socket_on_host,
+        ProcessKind.SCHEDULER, "inside a KV manager's construction only: bind its PULL socket with "
+        "ZMQ_MAXMSGSIZE, so an oversize frame is refused before it is buffered"),
+    HookSpec(
+        f"{_CONN}.CommonKVManager._send_multipart_locked", "BEFORE", common_conn.before_send_multipart_locked,
+        ProcessKind.SCHEDULER, "sign what prefill sends decode (status, ABORT_ACK, AUX_DATA) when a secret is set"),
+    HookSpec(
+        f"{_CONN}.CommonKVReceiver._connect", "AROUND", common_conn.around_receiver_connect, ProcessKind.SCHEDULER,
+        "sign what decode sends prefill (registration, transfer info, ABORT, BOOTSTRAP, room decline) when a "
+        "secret is set"),
+    HookSpec(
+        f"{_CONN}.CommonKVSender.__init__", "AFTER", common_conn.after_sender_init, ProcessKind.SCHEDULER,
+        "the room is claimed by a local request; one a rejected message failed before it arrived fails at once"),
+    HookSpec(
+        f"{_DISAGG}.nixl.conn.NixlKVManager._add_remote_peer", "AROUND", nixl_conn.around_add_remote_peer,
+        ProcessKind.SCHEDULER, "agent metadata NIXL cannot load (or naming another agent) drops that peer, "
+        "not the bootstrap thread"),
+    HookSpec(
+        "requests.sessions.Session.request", "AROUND", requests_sessions.around_session_request,
+        ProcessKind.SCHEDULER, "bootstrap HTTP calls (PUT/GET /route, /register_dp_rank, /query_dp_ranks) signed "
+        "and their answers verified: decode trusts no unauthenticated prefill rank; other requests untouched"),
+    HookSpec(
+        f"{_CONN}.CommonKVBootstrapServer._setup_routes", "AFTER", bootstrap_server.after_setup_routes,
+        ProcessKind.HTTP, "bootstrap server: authenticate and check every /route, /register_dp_rank, "
+        "/query_dp_ranks request before SGLang's handler stores it; tag the answers"),
 )
 
 

@@ -1,0 +1,254 @@
+"""The gate every message on a PD rank socket passes before SGLang's own code sees it.
+
+In -> out: raw frames from one peer -> the frames SGLang may parse (auth trailer removed), or None.
+Steps, in order:
+  1. authentication (when a secret is configured): missing, wrong, stale or replayed tags are refused
+     and counted; nothing else happens (an impostor cannot fail a room by naming it);
+  2. schema (`handshake_frames.check_message`): every frame a reader later touches;
+  3. state: a transfer info must name a registered peer at the endpoint it registered (prefill's
+     transfer worker looks it up), the registration table is bounded, AUX_DATA must name a room
+     decode is waiting on;
+  4. a rejected message with a readable room fails that room (prefill: decode told when it names a
+     registered peer; a room not created yet is remembered and failed when it appears).
+A rejection is logged once per peer (with its reason) and counted per reason; no thread ends.
+Admitted transfer infos are tracked so rooms nobody claims expire (`room_expiry.UnclaimedRooms`).
+
+Used from one thread (the rank socket's reader); `snapshot` may run on another (counts are copied
+under a lock).
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple, Protocol
+
+from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits, MessageKind, Side, Verdict, check_message
+from sglang_pd.srt.disaggregation.peer_auth import TRAILER_FRAMES, AuthFailure, PeerAuth
+from sglang_pd.srt.disaggregation.room_expiry import RoomTombstones, UnclaimedRooms
+
+logger = logging.getLogger(__name__)
+MAX_PEERS_LOGGED = 1024
+SUMMARY_INTERVAL_S = 60.0
+
+
+class PeerRecord(NamedTuple):
+    """What a registration told this server about a peer."""
+
+    endpoint: str
+    port: int
+    num_slots: int | None = None  # NIXL: pages the peer's pool has (index bound); None if unknown
+
+
+class GateHost(Protocol):
+    """The KV manager as the gate sees it (implemented over SGLang's manager by the hook layer)."""
+
+    def registered_peer(self, name: str) -> PeerRecord | None: ...
+    def num_registered(self) -> int: ...
+    def room_claimed(self, room: int) -> bool: ...
+    def fail_room(self, room: int, reason: str, notify: tuple[str, int] | None) -> bool: ...
+    def drop_unclaimed(self, room: int) -> bool: ...
+    def prune(self) -> None: ...
+
+
+@dataclass
+class GateCounts:
+    """Running totals (one source for /sglang_pd/stats and the Prometheus counters)."""
+
+    num_received: int = 0
+    num_admitted: int = 0
+    rejected: dict[str, int] = field(default_factory=dict)       # MessageKind -> count
+    auth_refused: dict[str, int] = field(default_factory=dict)   # AuthFailure -> count
+    num_rooms_failed: int = 0
+    num_unsigned_accepted: int = 0   # signed by a peer while this server has no secret (trailer stripped)
+    refused_after_admit: dict[str, int] = field(default_factory=dict)  # admitted here, refused by a later check
+
+
+class HandshakeGate:
+    """Admit or drop each message of one rank socket. See the module docstring for the steps."""
+
+    def __init__(self, limits: FrameLimits, host: GateHost, auth: PeerAuth | None,
+                 unclaimed: UnclaimedRooms | None, tombstones: RoomTombstones | None,
+                 on_count: Callable[[str, int], None] = lambda name, n: None, max_peers: int = 1024,
+                 clock: Callable[[], float] = time.monotonic, capture: bool = False):
+        self.limits, self.host, self.auth = limits, host, auth
+        self.unclaimed, self.tombstones = unclaimed, tombstones
+        self._on_count = on_count
+        self.max_peers = max_peers
+        self._clock = clock
+        self.counts = GateCounts()
+        self._peers: OrderedDict[str, dict] = OrderedDict()
+        self._lock = threading.Lock()
+        self._num_unlogged = 0
+        self._last_summary = clock()
+        # Test-only (fault injection on): the last admitted raw message of each kind, trailer included,
+        # so a test can replay real traffic byte for byte.
+        self.captured: dict[str, list[bytes]] | None = {} if capture else None
+
+    # ---- the one entry point --------------------------------------------------------------------------
+    def admit(self, msg: list[bytes], peer: str) -> list[bytes] | None:
+        """The frames SGLang may parse, or None when the message was dropped (never raises)."""
+        with self._lock:
+            self.counts.num_received += 1
+        body = self._authenticate(msg, peer)
+        if body is None:
+            return None
+        verdict = check_message(body, self.limits)
+        reason = verdict.reason or self._state_problem(verdict)
+        if reason is not None:
+            self._reject(verdict, reason, peer)
+            return None
+        if verdict.kind is MessageKind.TRANSFER_INFO and self.unclaimed is not None:
+            self.unclaimed.note(verdict.room, sum(map(len, body)))
+        with self._lock:
+            self.counts.num_admitted += 1
+            if self.captured is not None:
+                self.captured[verdict.kind.value] = list(msg)
+        return body
+
+    def housekeeping(self) -> list[int]:
+        """Expire unclaimed rooms and emit the periodic summary; returns rooms dropped."""
+        dropped = []
+        self.host.prune()
+        if self.unclaimed is not None:
+            dropped = self.unclaimed.sweep(self.host.room_claimed, self.host.drop_unclaimed)
+            if dropped:
+                self._on_count("unclaimed_rooms_expired_total", len(dropped))
+                logger.warning("sglang_pd: dropped transfer infos of %d room(s) no request claimed within %.0f s "
+                               "(e.g. room %s)", len(dropped), self.unclaimed.ttl_s, dropped[0])
+        now = self._clock()
+        if self._num_unlogged and now - self._last_summary >= SUMMARY_INTERVAL_S:
+            logger.warning("sglang_pd: %d more handshake message(s) dropped on the %s rank socket since the last "
+                           "report; per-peer counts in /sglang_pd/stats (handshake)", self._num_unlogged,
+                           self.limits.side.value)
+            self._num_unlogged, self._last_summary = 0, now
+        return dropped
+
+    def count_external_rejection(self, kind: str) -> None:
+        """Count a message this gate admitted that a later check refused (NIXL's metadata parse)."""
+        with self._lock:
+            table = self.counts.refused_after_admit
+            table[kind] = table.get(kind, 0) + 1
+
+    # ---- steps ----------------------------------------------------------------------------------------
+    def _authenticate(self, msg: list[bytes], peer: str) -> list[bytes] | None:
+        if self.auth is None:
+            if PeerAuth.has_trailer(msg):
+                with self._lock:
+                    self.counts.num_unsigned_accepted += 1
+                self._note_peer(peer, "sglang_pd: a peer signs its messages but this server has no "
+                                      "SGLANG_PD_PEER_SECRET_FILE (accepted unverified; set the same secret on every "
+                                      "PD server)", "unsigned")
+                return list(msg[:-TRAILER_FRAMES])
+            return msg
+        verdict = self.auth.verify_frames(msg)
+        if verdict.failure is None:
+            return verdict.frames
+        with self._lock:
+            key = verdict.failure.value
+            self.counts.auth_refused[key] = self.counts.auth_refused.get(key, 0) + 1
+        self._on_count("peer_auth_refused_total", 1)
+        self._note_peer(peer, f"sglang_pd: {self.limits.side.value} refused a message: {_AUTH_TEXT[verdict.failure]}",
+                        verdict.failure.value)
+        return None
+
+    def _state_problem(self, verdict: Verdict) -> str | None:
+        kind = verdict.kind
+        if kind is MessageKind.TRANSFER_INFO:
+            record = self.host.registered_peer(verdict.peer_name)
+            if record is None:
+                return f"transfer info for room {verdict.room} names peer {verdict.peer_name!r}, which never registered"
+            if (record.endpoint, record.port) != verdict.reply_to:
+                return (f"transfer info for room {verdict.room} names {verdict.reply_to}, but peer "
+                        f"{verdict.peer_name!r} registered {(record.endpoint, record.port)}")
+            if record.num_slots is not None and verdict.max_index is not None and verdict.max_index >= record.num_slots:
+                return (f"transfer info for room {verdict.room} names page {verdict.max_index}, beyond the "
+                        f"{record.num_slots} pages peer {verdict.peer_name!r} registered")
+        if kind is MessageKind.REGISTRATION:
+            if self.host.registered_peer(verdict.peer_name) is None and self.host.num_registered() >= self.max_peers:
+                return f"registration of {verdict.peer_name!r} refused: {self.max_peers} peers already registered"
+        if kind is MessageKind.AUX_DATA and not self.host.room_claimed(verdict.room):
+            return f"AUX_DATA for room {verdict.room}, which this decode is not waiting on"
+        return None
+
+    def _reject(self, verdict: Verdict, reason: str, peer: str) -> None:
+        with self._lock:
+            key = verdict.kind.value
+            self.counts.rejected[key] = self.counts.rejected.get(key, 0) + 1
+        self._on_count("handshake_messages_rejected_total", 1)
+        text = f"sglang_pd: rejected by {self.limits.side.value}: {reason}"
+        self._note_peer(peer, text, verdict.kind.value)
+        if verdict.room is None:
+            return
+        notify = self._notify_target(verdict)
+        existed = self.host.fail_room(verdict.room, text, notify)
+        if not existed and self.tombstones is not None and self.limits.side is Side.PREFILL:
+            self.tombstones.bury(verdict.room, text)
+        with self._lock:
+            self.counts.num_rooms_failed += 1
+        self._on_count("handshake_rooms_failed_total", 1)
+
+    def _notify_target(self, verdict: Verdict) -> tuple[str, int] | None:
+        """Where to tell decode: only the endpoint of a peer that registered it (never an arbitrary one)."""
+        if self.limits.side is not Side.PREFILL or verdict.peer_name is None:
+            return None
+        record = self.host.registered_peer(verdict.peer_name)
+        if record is None or (record.endpoint, record.port) != verdict.reply_to:
+            return None
+        return verdict.reply_to
+
+    def _note_peer(self, peer: str, text: str, key: str) -> None:
+        """Log the first event of each peer; count the rest (bounded table, oldest peer evicted)."""
+        with self._lock:
+            entry = self._peers.get(peer)
+            first = entry is None
+            if first:
+                entry = {"dropped": 0, "first": text, "by_reason": {}}
+                self._peers[peer] = entry
+                while len(self._peers) > MAX_PEERS_LOGGED:
+                    self._peers.popitem(last=False)
+            entry["dropped"] += 1
+            entry["last"] = text
+            entry["by_reason"][key] = entry["by_reason"].get(key, 0) + 1
+            if not first:
+                self._num_unlogged += 1
+        if first:
+            logger.warning("%s (peer %s; further messages from this peer are counted, not logged)", text, peer)
+
+    def snapshot(self) -> dict:
+        """Read-only view for /sglang_pd/stats."""
+        with self._lock:
+            counts = self.counts
+            view = {
+                "side": self.limits.side.value, "backend": self.limits.backend,
+                "auth": "hmac-sha256" if self.auth else "off",
+                "num_received": counts.num_received, "num_admitted": counts.num_admitted,
+                "rejected": dict(counts.rejected), "auth_refused": dict(counts.auth_refused),
+                "num_rooms_failed": counts.num_rooms_failed, "num_unsigned_accepted": counts.num_unsigned_accepted,
+                "refused_after_admit": dict(counts.refused_after_admit),
+                "peers": {p: {**e, "by_reason": dict(e["by_reason"])} for p, e in self._peers.items()},
+                "max_frame_bytes": self.limits.max_frame_bytes, "max_kv_pages": self.limits.max_kv_pages,
+            }
+        if self.unclaimed is not None:
+            view["unclaimed_rooms"] = self.unclaimed.snapshot()
+        if self.tombstones is not None:
+            view["num_tombstones"] = len(self.tombstones)
+        if self.captured is not None:
+            with self._lock:
+                view["captured"] = {k: [base64.b64encode(f).decode() for f in m] for k, m in self.captured.items()}
+        return view
+
+
+_AUTH_TEXT = {
+    AuthFailure.MISSING: "message has no auth tag (peer without SGLANG_PD_PEER_SECRET_FILE, or an impostor)",
+    AuthFailure.MALFORMED: "auth tag is malformed",
+    AuthFailure.UNKNOWN_KEY: "auth tag names a key this server does not hold (secret not rotated everywhere?)",
+    AuthFailure.BAD_MAC: "auth tag does not match (wrong secret, or the message was altered)",
+    AuthFailure.STALE: "auth timestamp outside the accepted window (replay, or clocks out of sync)",
+    AuthFailure.REPLAYED: "message replayed (nonce already seen)",
+    AuthFailure.OVERLOADED: "replay memory full; message refused",
+}

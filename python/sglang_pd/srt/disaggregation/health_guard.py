@@ -1,0 +1,54 @@
+"""SGLang's /health and /health_generate answer 503 while a PD thread of this server is dead.
+
+Upstream's health check runs one token through the scheduler, which still works when the PD threads
+beside it (bootstrap, status listener, transfer workers) have died, so a server that can no longer
+pair a single request reported healthy. This ASGI middleware turns a 200 into a 503 naming the dead
+threads, which the callable it is given reports (srt/hooks/http_server.py: the schedulers' thread
+watches over SGLang's get_internal_state channel, and prefill's bootstrap HTTP thread), asked at most
+once a second.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Awaitable, Callable
+
+HEALTH_PATHS = ("/health", "/health_generate")
+CACHE_S = 1.0
+
+
+class HealthGuardMiddleware:
+    """ASGI middleware: a 200 from /health becomes 503 while a PD thread is dead."""
+
+    def __init__(self, app, dead_threads: Callable[[], Awaitable[dict[str, str]]]):
+        self.app = app
+        self._dead_threads = dead_threads  # name -> role of every dead PD thread of this server
+        self._checked_at = 0.0
+        self._dead: dict[str, str] = {}
+
+    async def __call__(self, scope, receive, send):
+        if scope.get("type") != "http" or scope.get("path") not in HEALTH_PATHS:
+            return await self.app(scope, receive, send)
+        held: list[dict] = []
+
+        async def hold(message):
+            held.append(message)
+
+        await self.app(scope, receive, hold)
+        status = next((m.get("status") for m in held if m["type"] == "http.response.start"), None)
+        dead = await self._current_dead() if status == 200 else {}
+        if not dead:
+            for message in held:
+                await send(message)
+            return
+        body = json.dumps({"error": "sglang_pd: PD thread(s) dead", "dead_threads": dead}).encode()
+        await send({"type": "http.response.start", "status": 503,
+                    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    async def _current_dead(self) -> dict[str, str]:
+        if time.monotonic() - self._checked_at >= CACHE_S:
+            self._dead = await self._dead_threads()
+            self._checked_at = time.monotonic()
+        return self._dead

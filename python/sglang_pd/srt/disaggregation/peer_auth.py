@@ -1,0 +1,249 @@
+"""Peer authentication of the PD control plane: HMAC-SHA256 over every handshake message.
+
+Every PD server of a deployment reads the same secret file (SGLANG_PD_PEER_SECRET_FILE). A ZMQ
+handshake message carries a 5-frame trailer after its own frames:
+
+    [b"SGLPD-AUTH/1", key id (16 hex), timestamp (ms, ASCII), nonce (16 random bytes), mac (32 bytes)]
+
+mac = HMAC-SHA256(key, label | key id | timestamp | nonce | each frame as 8-byte length + bytes), so
+a frame cannot be moved across a boundary, added, dropped or edited. A bootstrap HTTP request carries
+the same fields in one header over method, path with query and body; the bootstrap server's answer
+is tagged over the request's nonce, its status and body, so a forged or replayed answer is refused.
+
+Replay: a message is accepted within `max_skew_s` of its timestamp, once (its nonce is remembered
+for twice that window); clocks of the PD servers must agree within `max_skew_s` (NTP).
+
+Key rotation: the file holds one key per line; the first signs, every line verifies. Add the new
+key as a second line everywhere, then make it the first, then drop the old one (README).
+
+The secret is held only in this object: it is never logged, never put in a message, never in
+argv. Thread-safe (the replay memory has its own lock).
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import os
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+MAGIC = b"SGLPD-AUTH/1"
+TRAILER_FRAMES = 5
+HTTP_HEADER = "X-SGLang-PD-Auth"
+HTTP_RESPONSE_HEADER = "X-SGLang-PD-Auth-Response"
+MIN_KEY_CHARS = 32
+DEFAULT_MAX_SKEW_S = 30.0
+_LABEL_ZMQ = b"sglang_pd/zmq/1\0"
+_LABEL_HTTP_REQ = b"sglang_pd/http-request/1\0"
+_LABEL_HTTP_RESP = b"sglang_pd/http-response/1\0"
+
+
+class AuthFailure(str, enum.Enum):
+    """Why a message was refused (the label of the refusal counter)."""
+
+    MISSING = "missing"          # no auth trailer / header
+    MALFORMED = "malformed"      # trailer present but not parseable
+    UNKNOWN_KEY = "unknown_key"  # signed with a key this server does not hold
+    BAD_MAC = "bad_mac"          # wrong secret, or frames changed after signing
+    STALE = "stale"              # timestamp outside the accepted window
+    REPLAYED = "replayed"        # nonce already seen inside the window
+    OVERLOADED = "overloaded"    # replay memory full (more signed messages than it can hold)
+
+
+class AuthVerdict(NamedTuple):
+    """`failure` None: authenticated. `frames`: the message without its trailer; `nonce` (HTTP)."""
+
+    failure: AuthFailure | None
+    frames: list[bytes] | None = None
+    nonce: str | None = None
+
+
+class SecretFileError(ValueError):
+    """The secret file cannot be used; the message names the path, never the content."""
+
+
+def read_keys(path: str | os.PathLike) -> list[bytes]:
+    """Keys in `path`, one per line (blank and '#' lines skipped); the first signs. Raises SecretFileError."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SecretFileError(f"{p} does not exist") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SecretFileError(f"{p} cannot be read ({type(exc).__name__})") from None
+    keys = [line.strip().encode() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+    if not keys:
+        raise SecretFileError(f"{p} holds no key")
+    short = [i + 1 for i, key in enumerate(keys) if len(key) < MIN_KEY_CHARS]
+    if short:
+        raise SecretFileError(f"{p}: key(s) on non-comment line(s) {short} are shorter than {MIN_KEY_CHARS} characters")
+    return keys
+
+
+def key_id(key: bytes) -> bytes:
+    """A public 16-hex-digit name of a key (lets the verifier pick the key without trying each)."""
+    return hashlib.sha256(b"sglang_pd key id\0" + key).hexdigest()[:16].encode()
+
+
+class ReplayGuard:
+    """Nonces seen inside the window; bounded. `admit` is the only mutator (locked)."""
+
+    def __init__(self, capacity: int = 250_000):
+        self.capacity = capacity
+        self._expiry: dict[bytes, float] = {}
+        self._order: deque[tuple[float, bytes]] = deque()
+        self._lock = threading.Lock()
+
+    def admit(self, nonce: bytes, expires_at: float, now: float) -> AuthFailure | None:
+        """Remember `nonce` until `expires_at`; REPLAYED if already remembered, OVERLOADED when full."""
+        with self._lock:
+            while self._order and self._order[0][0] <= now:
+                _, old = self._order.popleft()
+                if self._expiry.get(old, now + 1) <= now:
+                    del self._expiry[old]
+            if nonce in self._expiry:
+                return AuthFailure.REPLAYED
+            if len(self._expiry) >= self.capacity:
+                return AuthFailure.OVERLOADED
+            self._expiry[nonce] = expires_at
+            self._order.append((expires_at, nonce))
+            return None
+
+    def __len__(self) -> int:
+        return len(self._expiry)
+
+
+class PeerAuth:
+    """Signs and verifies PD handshake messages with the deployment's shared keys."""
+
+    def __init__(self, keys: list[bytes], max_skew_s: float = DEFAULT_MAX_SKEW_S,
+                 clock: Callable[[], float] = time.time, replay: ReplayGuard | None = None):
+        if not keys or any(len(k) < MIN_KEY_CHARS for k in keys):
+            raise SecretFileError(f"every key must have at least {MIN_KEY_CHARS} characters")
+        self._keys = {key_id(k): k for k in keys}
+        self._signing_id = key_id(keys[0])
+        self.max_skew_s = float(max_skew_s)
+        self._clock = clock
+        self._replay = replay or ReplayGuard()
+
+    @classmethod
+    def from_file(cls, path: str | os.PathLike, max_skew_s: float = DEFAULT_MAX_SKEW_S) -> "PeerAuth":
+        """Load the keys of `path` (see read_keys)."""
+        return cls(read_keys(path), max_skew_s)
+
+    @property
+    def key_ids(self) -> list[str]:
+        """Public ids of the loaded keys, signing key first (safe to log)."""
+        return [self._signing_id.decode()] + [k.decode() for k in self._keys if k != self._signing_id]
+
+    def __repr__(self) -> str:  # never show the keys
+        return f"PeerAuth(keys={self.key_ids}, max_skew_s={self.max_skew_s})"
+
+    # ---- ZMQ ------------------------------------------------------------------------------------------
+    def sign_frames(self, frames: list[bytes]) -> list[bytes]:
+        """The trailer to append to `frames` (read-only on `frames`)."""
+        stamp = str(int(self._clock() * 1000)).encode()
+        nonce = os.urandom(16)
+        mac = self._mac(_LABEL_ZMQ, self._signing_id, self._keys[self._signing_id], stamp, nonce, frames)
+        return [MAGIC, self._signing_id, stamp, nonce, mac]
+
+    def verify_frames(self, msg: list[bytes]) -> AuthVerdict:
+        """Check and strip the trailer of `msg`; a message is accepted once (mutates the replay memory)."""
+        if len(msg) < TRAILER_FRAMES or msg[-TRAILER_FRAMES] != MAGIC:
+            return AuthVerdict(AuthFailure.MISSING)
+        body = list(msg[:-TRAILER_FRAMES])
+        kid, stamp, nonce, mac = msg[-4:]
+        if len(nonce) != 16 or len(mac) != 32 or not stamp.isdigit() or len(stamp) > 16:
+            return AuthVerdict(AuthFailure.MALFORMED)
+        failure = self._check(kid, stamp, nonce, mac, _LABEL_ZMQ, body)
+        return AuthVerdict(failure, body if failure is None else None)
+
+    @staticmethod
+    def has_trailer(msg: list[bytes]) -> bool:
+        """True when `msg` ends with an auth trailer (whoever signed it)."""
+        return len(msg) >= TRAILER_FRAMES and msg[-TRAILER_FRAMES] == MAGIC
+
+    # ---- HTTP -----------------------------------------------------------------------------------------
+    def sign_http_request(self, method: str, path_qs: str, body: bytes) -> tuple[str, str]:
+        """(header value, nonce) for one bootstrap request."""
+        stamp = str(int(self._clock() * 1000)).encode()
+        nonce = os.urandom(16)
+        mac = self._mac(_LABEL_HTTP_REQ, self._signing_id, self._keys[self._signing_id], stamp, nonce,
+                        _http_parts(method, path_qs, body))
+        value = f"v1 key={self._signing_id.decode()} ts={stamp.decode()} nonce={nonce.hex()} mac={mac.hex()}"
+        return value, nonce.hex()
+
+    def verify_http_request(self, method: str, path_qs: str, body: bytes, header: str | None) -> AuthVerdict:
+        """Check a bootstrap request's header (mutates the replay memory); `nonce` set when accepted."""
+        if not header:
+            return AuthVerdict(AuthFailure.MISSING)
+        fields = _header_fields(header)
+        try:
+            kid, stamp = fields["key"].encode(), fields["ts"].encode()
+            nonce, mac = bytes.fromhex(fields["nonce"]), bytes.fromhex(fields["mac"])
+        except (KeyError, ValueError):
+            return AuthVerdict(AuthFailure.MALFORMED)
+        if len(nonce) != 16 or len(mac) != 32 or not stamp.isdigit() or len(stamp) > 16:
+            return AuthVerdict(AuthFailure.MALFORMED)
+        failure = self._check(kid, stamp, nonce, mac, _LABEL_HTTP_REQ, _http_parts(method, path_qs, body))
+        return AuthVerdict(failure, nonce=None if failure else nonce.hex())
+
+    def sign_http_response(self, nonce_hex: str, status: int, body: bytes) -> str:
+        """Header value tagging the bootstrap server's answer to the request of `nonce_hex`."""
+        mac = self._mac(_LABEL_HTTP_RESP, self._signing_id, self._keys[self._signing_id], b"", b"",
+                        [nonce_hex.encode(), str(status).encode(), hashlib.sha256(body).digest()])
+        return f"v1 key={self._signing_id.decode()} mac={mac.hex()}"
+
+    def verify_http_response(self, nonce_hex: str, status: int, body: bytes, header: str | None) -> AuthVerdict:
+        """Check the answer to our request `nonce_hex` (read-only)."""
+        if not header:
+            return AuthVerdict(AuthFailure.MISSING)
+        fields = _header_fields(header)
+        try:
+            kid, mac = fields["key"].encode(), bytes.fromhex(fields["mac"])
+        except (KeyError, ValueError):
+            return AuthVerdict(AuthFailure.MALFORMED)
+        key = self._keys.get(kid)
+        if key is None:
+            return AuthVerdict(AuthFailure.UNKNOWN_KEY)
+        want = self._mac(_LABEL_HTTP_RESP, kid, key, b"", b"",
+                         [nonce_hex.encode(), str(status).encode(), hashlib.sha256(body).digest()])
+        return AuthVerdict(None if hmac.compare_digest(want, mac) else AuthFailure.BAD_MAC)
+
+    # ---- shared ---------------------------------------------------------------------------------------
+    def _check(self, kid, stamp, nonce, mac, label, parts) -> AuthFailure | None:
+        key = self._keys.get(kid)
+        if key is None:
+            return AuthFailure.UNKNOWN_KEY
+        if not hmac.compare_digest(self._mac(label, kid, key, stamp, nonce, parts), mac):
+            return AuthFailure.BAD_MAC
+        now = self._clock()
+        sent = int(stamp) / 1000.0
+        if abs(now - sent) > self.max_skew_s:
+            return AuthFailure.STALE
+        return self._replay.admit(nonce, sent + 2 * self.max_skew_s, now)
+
+    @staticmethod
+    def _mac(label, kid, key, stamp, nonce, parts) -> bytes:
+        h = hmac.new(key, digestmod=hashlib.sha256)
+        h.update(label + kid + b"\0" + stamp + b"\0" + nonce)
+        for part in parts:
+            h.update(len(part).to_bytes(8, "big"))
+            h.update(part)
+        return h.digest()
+
+
+def _http_parts(method: str, path_qs: str, body: bytes) -> list[bytes]:
+    return [method.upper().encode(), path_qs.encode(), hashlib.sha256(body).digest()]
+
+
+def _header_fields(header: str) -> dict[str, str]:
+    parts = header.split()
+    if not parts or parts[0] != "v1":
+        return {}
+    return dict(p.split("=", 1) for p in parts[1:] if "=" in p)

@@ -1,0 +1,34 @@
+"""Hook on SGLang's `CommonKVBootstrapServer` (disaggregation/common/conn.py, prefill's HTTP process):
+its routes authenticated and checked before SGLang's handlers store anything. The guard itself is
+srt/disaggregation/bootstrap_guard.py; the client side is srt/hooks/requests_sessions.py."""
+
+from __future__ import annotations
+
+from sglang_pd.srt.disaggregation.bootstrap_guard import bootstrap_middleware
+from sglang_pd.srt.state import current, mode_name
+
+
+def after_setup_routes(result, server):
+    """Put authentication and request checks in front of the bootstrap server's routes."""
+    def sizes() -> dict:
+        return {"attn_tp_size": server.attn_tp_size, "attn_cp_size": server.attn_cp_size,
+                "pp_size": server.pp_size, "dp_size": server.dp_size}
+
+    server.app.middlewares.append(bootstrap_middleware(current().peer_guard, sizes, _count_http))
+    return result
+
+
+def _count_http(name: str) -> None:
+    """Count in this (HTTP) process, exporting to /metrics once SGLang's metrics are known to be on."""
+    state = current()
+    if not state.counters.bound:
+        try:
+            from sglang.srt.entrypoints.http_server import get_global_state
+
+            args = get_global_state().tokenizer_manager.server_args
+            if args.enable_metrics:
+                state.counters.bind(mode_name(args.disaggregation_mode),
+                                    mode_name(args.disaggregation_transfer_backend))
+        except Exception:  # a bootstrap server outside SGLang's HTTP server (benchmark): count only
+            state.hook_failed("bootstrap_metrics_bind", "bootstrap guard counts without Prometheus")
+    state.counters.add(name, 1)

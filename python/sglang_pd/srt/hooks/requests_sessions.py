@@ -1,0 +1,69 @@
+"""Hook on requests.sessions.Session.request: SGLang's bootstrap HTTP calls signed, answers verified.
+
+SGLang's PD code talks to prefill's bootstrap server with plain `requests` calls spread over several
+functions (prefill ranks PUT /route and POST /register_dp_rank; decode GETs /route and POSTs
+/query_dp_ranks). Every request of this scheduler process to one of those paths gets the auth header
+(body sent as the exact bytes signed), and the answer must carry the server's tag over our nonce,
+its status and body; an answer without it (a fake bootstrap server, a replay) is replaced by a 401
+before SGLang reads it, so decode never trusts an unauthenticated prefill rank. Any other request of
+the process passes untouched, and so does everything when no secret is configured.
+"""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from sglang_pd.srt.state import current
+from sglang_pd.srt.disaggregation import bootstrap_http
+from sglang_pd.srt.disaggregation.peer_auth import HTTP_HEADER, HTTP_RESPONSE_HEADER
+
+
+def around_session_request(original, session, method, url, params=None, data=None, headers=None, cookies=None,
+                           files=None, auth=None, timeout=None, allow_redirects=True, proxies=None, hooks=None,
+                           stream=None, verify=None, cert=None, json=None):
+    """Sign a bootstrap request and verify its answer; pass anything else through unchanged."""
+    options = {"params": params, "data": data, "headers": headers, "cookies": cookies, "files": files, "auth": auth,
+               "timeout": timeout, "allow_redirects": allow_redirects, "proxies": proxies, "hooks": hooks,
+               "stream": stream, "verify": verify, "cert": cert, "json": json}
+    peer_auth = current().peer_guard.auth
+    if peer_auth is None or urlsplit(url).path not in bootstrap_http.GUARDED_PATHS:
+        return original(session, method, url, **options)
+    return _signed_request(original, session, method, url, options, peer_auth)
+
+
+def _signed_request(original, session, method, url, options: dict, peer_auth):
+    """Send with the auth header over method, path + query and the exact body bytes; verify the answer."""
+    import requests
+
+    if options["json"] is not None:
+        options["data"] = bootstrap_http.encode_json_body(options["json"])
+        options["json"] = None
+        options["headers"] = {**(options["headers"] or {}), "Content-Type": "application/json"}
+    body = options["data"] or b""
+    body = body.encode() if isinstance(body, str) else bytes(body)
+    path_qs = requests.Request(method, url, params=options["params"]).prepare().path_url
+    header, nonce = peer_auth.sign_http_request(method, path_qs, body)
+    options["headers"] = {**(options["headers"] or {}), HTTP_HEADER: header}
+    response = original(session, method, url, **options)
+    verdict = peer_auth.verify_http_response(nonce, response.status_code, response.content,
+                                             response.headers.get(HTTP_RESPONSE_HEADER))
+    if verdict.failure is None:
+        return response
+    return _refused(response, url, verdict.failure.value)
+
+
+def _refused(response, url: str, failure: str):
+    """A 401 in place of an unauthenticated bootstrap answer (counted; logged once per host)."""
+    import requests
+
+    host = urlsplit(url).netloc
+    state = current()
+    state.counters.add("peer_auth_refused_total", 1)
+    state.peer_guard.http.add("auth_refused", f"response_{failure}", host,
+                              f"sglang_pd: answer of bootstrap server {host} to {urlsplit(url).path} refused: "
+                              f"auth {failure} (status {response.status_code})")
+    refused = requests.Response()
+    refused.status_code = 401
+    refused._content = f"sglang_pd: unauthenticated bootstrap answer from {host} ({failure})".encode()
+    refused.url, refused.request = response.url, response.request
+    return refused

@@ -1,0 +1,146 @@
+"""An impostor process against a running PD pair: without the secret it cannot register, claim or drop
+(room decline) a waiting room, receive one byte of KV or mark a transfer done; the real pair keeps serving.
+
+The impostor runs a real transfer endpoint in this process (a Mooncake TransferEngine / a NIXL agent)
+with zeroed buffers laid out like the real decode's, so any KV that prefill sent it would land there.
+Three kinds of attempt, each counted by the server's gate:
+  no secret     (messages without a tag)              -> refused "missing"
+  wrong secret  (tagged with another key)             -> refused "unknown_key"
+  replay        (real signed traffic captured on the server, resent byte for byte) -> refused "replayed"
+                (inside the 30 s window: nonce already seen) or "stale" (older: timestamp)
+The control runs the same impostor against pd_page1, which has no secret: there the KV does land.
+"""
+
+import concurrent.futures as cf
+import random
+import time
+
+import pytest
+
+from sglang_pd.harness import PDDeployment
+from sglang_pd.harness.deployment import new_bootstrap_room
+from sglang_pd.harness.hostile_peer import (PeerSocket, Templates, TransferPeer, assert_threads_alive,
+                                            captured_frames, handshake_view, rank_endpoint, wait_received)
+from sglang_pd.models import VOCAB_SIZE
+from sglang_pd.srt.disaggregation.peer_auth import PeerAuth
+from sglang_pd.srt.disaggregation.room_decline import DeclineNotice, decline_frames
+
+pytestmark = pytest.mark.integration
+
+WRONG = PeerAuth([b"an-impostor-guess-of-the-secret-0123456789"])
+PROMPT_LEN = 40
+
+
+def _prompt(seed: int) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(3, VOCAB_SIZE) for _ in range(PROMPT_LEN)]
+
+
+def _rooms(dep, server, status: int) -> list[int]:
+    return handshake_view(dep, server)["rooms"]["by_status"].get(str(status), [])
+
+
+def _wait_for(predicate, what: str, timeout_s: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+
+
+def _backend(dep: PDDeployment) -> str:
+    return "nixl" if dep.config.transfer_backend == "nixl" else "mooncake"
+
+
+def _impostor(dep: PDDeployment) -> TransferPeer:
+    pool = handshake_view(dep, dep.prefill)["pool"]
+    return TransferPeer(_backend(dep), pool, -(-PROMPT_LEN // pool["page_size"]), "impostor")
+
+
+@pytest.mark.parametrize("name", ["pd_page16", "pd_nixl"])
+def test_impostor_gets_nothing_and_the_pair_keeps_serving(name, request, plain_url):
+    dep: PDDeployment = request.getfixturevalue(name)
+    assert dep.env.get("SGLANG_PD_PEER_SECRET_FILE"), "this test needs an authenticated deployment"
+    rng = random.Random(name)
+    # Real traffic first: the gates capture the real decode's registration and transfer info and the real
+    # prefill's Success status, which the impostor then replays.
+    dep.generate_pd(_prompt(1), 8)
+    real_prefill = captured_frames(handshake_view(dep, dep.prefill))
+    real_decode = captured_frames(handshake_view(dep, dep.decodes[0]))
+    assert {"registration", "transfer_info"} <= set(real_prefill) and "status" in real_decode
+    impostor = _impostor(dep)
+    room, stalled_room = new_bootstrap_room(rng), new_bootstrap_room(rng)
+    try:
+        with cf.ThreadPoolExecutor(4) as pool:  # four halves in flight at once
+            prefill_half = pool.submit(dep.post_generate, dep.prefill.url, _prompt(2), 8, 90, **dep.pairing(room))
+            _wait_for(lambda: room in _rooms(dep, dep.prefill, 1), f"room {room} never waited on prefill")
+            decode_half = pool.submit(dep.post_generate, dep.decodes[0].url, _prompt(3), 8, 90,
+                                      **dep.pairing(stalled_room))
+            _wait_for(lambda: stalled_room in _rooms(dep, dep.decodes[0], 2), "decode room never waited")
+            _wait_for(lambda: stalled_room in handshake_view(dep, dep.prefill)["rooms"]["transfer_info_rooms"],
+                      "decode's transfer info never reached prefill")
+            decline = decline_frames(DeclineNotice(room, None, "impostor"), "127.0.0.1", impostor.identity.port)
+            p_before = handshake_view(dep, dep.prefill)["gate"]
+            d_before = handshake_view(dep, dep.decodes[0])["gate"]
+
+            with PeerSocket(rank_endpoint(dep, dep.prefill)) as to_prefill, \
+                    PeerSocket(rank_endpoint(dep, dep.decodes[0])) as to_decode:
+                for auth in (None, WRONG):   # register + claim / decline the waiting room; forge "transfer done"
+                    to_prefill.send(impostor.registration(), auth)
+                    to_prefill.send(impostor.claim(room), auth)
+                    to_prefill.send(decline, auth)
+                    to_decode.send(impostor.templates.status(stalled_room, 4), auth)
+                for kind in ("registration", "transfer_info"):
+                    to_prefill.send_raw(real_prefill[kind])
+                to_decode.send_raw(real_decode["status"])
+            p_view = wait_received(dep, dep.prefill, p_before["num_received"] + 8)
+            d_view = wait_received(dep, dep.decodes[0], d_before["num_received"] + 3)
+            time.sleep(2.0)  # would-be transfers get time to land before we look
+            for view, before, n, n_forged in ((p_view, p_before, 2, 3), (d_view, d_before, 1, 1)):
+                refused = {k: view["gate"]["auth_refused"].get(k, 0) - before["auth_refused"].get(k, 0)
+                           for k in ("missing", "unknown_key", "replayed", "stale")}
+                # a replay inside the 30 s window is caught by its nonce, an older one by its timestamp
+                # (the registration was captured when the pair first met, possibly minutes ago)
+                replays = refused["replayed"] + refused["stale"]
+                assert (refused["missing"], refused["unknown_key"], replays) == (n_forged, n_forged, n), view["gate"]
+                assert view["gate"]["num_admitted"] == before["num_admitted"]
+            assert room in _rooms(dep, dep.prefill, 1), "the impostor claimed or dropped the waiting room"
+            assert impostor.identity.name not in handshake_view(dep, dep.prefill)["rooms"]["registered_peers"]
+            assert stalled_room in _rooms(dep, dep.decodes[0], 2), "decode believed a forged 'transfer done'"
+            assert impostor.bytes_received() == 0
+            # The real halves arrive: both rooms are served by the real pair, outputs right.
+            decode_of_room = pool.submit(dep.post_generate, dep.decodes[0].url, _prompt(2), 8, 90,
+                                         **dep.pairing(room))
+            prefill_of_stalled = pool.submit(dep.post_generate, dep.prefill.url, _prompt(3), 8, 90,
+                                             **dep.pairing(stalled_room))
+            for fut in (prefill_half, decode_half, decode_of_room, prefill_of_stalled):
+                assert fut.result(timeout=90).status_code == 200
+        assert decode_of_room.result().json()["output_ids"] == dep.generate(plain_url, _prompt(2), 8)["output_ids"]
+        assert decode_half.result().json()["output_ids"] == dep.generate(plain_url, _prompt(3), 8)["output_ids"]
+        assert impostor.bytes_received() == 0
+        print(f"IMPOSTOR {name}: refused on prefill {p_view['gate']['auth_refused']}, on decode "
+              f"{d_view['gate']['auth_refused']}; impostor received 0 bytes")
+    finally:
+        impostor.close()
+    assert_threads_alive(handshake_view(dep, dep.prefill), "prefill")
+    dep.wait_clean()
+
+
+def test_control_without_the_secret_the_impostor_takes_the_kv(pd_page1: PDDeployment):
+    """The same impostor against a pair without SGLANG_PD_PEER_SECRET_FILE (upstream's trust model)."""
+    dep = pd_page1
+    assert not dep.env.get("SGLANG_PD_PEER_SECRET_FILE")
+    impostor = _impostor(dep)
+    room = new_bootstrap_room(random.Random(5))
+    try:
+        with cf.ThreadPoolExecutor(1) as pool:
+            prefill_half = pool.submit(dep.post_generate, dep.prefill.url, _prompt(4), 8, 120, **dep.pairing(room))
+            _wait_for(lambda: room in _rooms(dep, dep.prefill, 1), f"room {room} never waited on prefill")
+            with PeerSocket(rank_endpoint(dep, dep.prefill)) as to_prefill:
+                to_prefill.send(impostor.registration())
+                to_prefill.send(impostor.claim(room))
+            assert prefill_half.result(timeout=120).status_code == 200
+        _wait_for(lambda: impostor.bytes_received() > 0, "no KV reached the impostor", 10)
+        print(f"CONTROL (no secret): the impostor received {impostor.bytes_received()} nonzero KV bytes of room {room}")
+    finally:
+        impostor.close()
+    dep.wait_clean()

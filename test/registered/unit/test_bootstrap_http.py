@@ -1,0 +1,145 @@
+"""SGLang's real bootstrap HTTP server behind our guard; SGLang's real `requests` calls signed by our hook.
+
+The server is `CommonKVBootstrapServer` itself (aiohttp, on a free loopback port) with the HOOK_TABLE
+rows on `_setup_routes` and `requests.sessions.Session.request` applied through SGLang's HookRegistry,
+as in a server process. An impostor speaks plain urllib (no hook) with no or a wrong tag.
+"""
+
+import http.server
+import json
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+import requests
+
+from sglang_pd.harness.server import free_port
+from sglang_pd.srt.hooks.table import HOOK_TABLE
+from sglang_pd.srt.state import current
+from sglang_pd.srt.disaggregation.bootstrap_http import route_put_problem
+from sglang_pd.srt.disaggregation.peer_auth import HTTP_HEADER, PeerAuth
+from sglang_pd.srt.disaggregation.peer_guard import HttpGuardCounts
+
+pytestmark = pytest.mark.unit
+
+KEY = b"s" * 40
+RANK = {"attn_tp_size": 1, "attn_tp_rank": 0, "attn_cp_size": 1, "attn_cp_rank": 0, "attn_dp_size": 1,
+        "attn_dp_rank": 0, "pp_size": 1, "pp_rank": 0, "system_dp_size": 1, "system_dp_rank": 0,
+        "rank_ip": "127.0.0.1", "rank_port": 40000, "page_size": 16, "kv_cache_dtype": "float32"}
+
+
+@pytest.fixture(scope="module")
+def hooks_applied():
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    for spec in HOOK_TABLE:
+        if spec.target.endswith(("_setup_routes", "Session.request")):
+            HookRegistry.register(spec.target, spec.fn, HookType[spec.hook_type])
+    HookRegistry.apply_hooks()
+
+
+@pytest.fixture
+def server(hooks_applied, request):
+    from sglang.srt.disaggregation.common.conn import CommonKVBootstrapServer
+
+    current().peer_guard.auth = PeerAuth([KEY]) if request.param else None
+    current().peer_guard.http = HttpGuardCounts()
+    srv = CommonKVBootstrapServer("127.0.0.1", free_port())
+    url = f"http://127.0.0.1:{srv.port}"
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            if requests.get(url + "/health", timeout=2).status_code == 200:
+                break
+        except requests.ConnectionError:
+            assert time.monotonic() < deadline, "bootstrap server did not start"
+            time.sleep(0.05)
+    yield srv, url
+    srv.close()
+    current().peer_guard.auth = None
+
+
+def _urllib(method, url, body=None, header=None):
+    req = urllib.request.Request(url, data=body, method=method, headers={HTTP_HEADER: header} if header else {})
+    try:
+        with urllib.request.urlopen(req, timeout=5) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read()
+
+
+@pytest.mark.parametrize("server", [False], indirect=True)
+def test_without_auth_bad_registrations_are_refused_before_sglang_stores_them(server):
+    srv, url = server
+    assert requests.put(url + "/route", json={**RANK, "attn_tp_size": "abc"}, timeout=5).status_code == 400
+    assert requests.put(url + "/route", json={**RANK, "attn_tp_rank": 1}, timeout=5).status_code == 400
+    assert srv.attn_tp_size is None and srv._registered_count == 0  # nothing stored
+    assert requests.put(url + "/route", json=RANK, timeout=5).status_code == 200
+    info = requests.get(url + "/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0",
+                        timeout=5)
+    assert info.status_code == 200 and info.json()["rank_port"] == 40000
+    assert requests.get(url + "/route?prefill_dp_rank=x&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0",
+                        timeout=5).status_code == 400
+    resized = {**RANK, "attn_tp_size": 2, "attn_tp_rank": 1}
+    assert requests.put(url + "/route", json=resized, timeout=5).status_code == 400
+
+
+@pytest.mark.parametrize("server", [True], indirect=True)
+def test_with_auth_only_signed_requests_register_and_answers_are_verified(server):
+    srv, url = server
+    body = json.dumps({**RANK, "rank_ip": "6.6.6.6"}).encode()
+    assert _urllib("PUT", url + "/route", body)[0] == 401                                   # no tag
+    forged, _ = PeerAuth([b"w" * 40]).sign_http_request("PUT", "/route", body)
+    assert _urllib("PUT", url + "/route", body, forged)[0] == 401                            # wrong secret
+    good = json.dumps(RANK).encode()
+    signed, _ = PeerAuth([KEY]).sign_http_request("PUT", "/route", good)
+    assert _urllib("PUT", url + "/route", body, signed)[0] == 401                            # body changed
+    assert srv._registered_count == 0
+    assert _urllib("PUT", url + "/route", good, signed)[0] == 200                            # the real rank
+    assert _urllib("PUT", url + "/route", good, signed)[0] == 401                            # its replay
+    assert requests.put(url + "/route", json=RANK, timeout=5).status_code == 200  # SGLang's call, signed by the hook
+    assert srv._registered_count == 2
+    got = requests.get(url + "/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0",
+                       timeout=5)
+    assert got.status_code == 200 and got.json()["rank_ip"] == "127.0.0.1"
+    refused = current().peer_guard.http.snapshot()["auth_refused"]
+    assert [refused.get(k) for k in ("missing", "unknown_key", "bad_mac", "replayed")] == [1, 1, 1, 1]
+
+
+class _FakeBootstrap(http.server.BaseHTTPRequestHandler):
+    """A fake bootstrap server steering decode to an attacker's 'prefill rank'."""
+
+    def do_GET(self):
+        body = json.dumps({"rank_ip": "6.6.6.6", "rank_port": 6666}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args):
+        pass
+
+
+def test_an_untagged_answer_is_a_401_to_sglang(hooks_applied):
+    fake = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeBootstrap)
+    threading.Thread(target=fake.serve_forever, daemon=True).start()
+    current().peer_guard.auth = PeerAuth([KEY])
+    try:
+        url = f"http://127.0.0.1:{fake.server_address[1]}/route?prefill_dp_rank=0&prefill_cp_rank=0"
+        got = requests.get(url, timeout=5)
+        assert got.status_code == 401 and b"6.6.6.6" not in got.content
+        assert requests.get(f"http://127.0.0.1:{fake.server_address[1]}/other", timeout=5).status_code == 200
+    finally:
+        current().peer_guard.auth = None
+        fake.shutdown()
+
+
+def test_route_put_rules():
+    ok = json.dumps(RANK).encode()
+    assert route_put_problem(ok, {}) is None
+    assert "differs from the 2" in route_put_problem(ok, {"attn_tp_size": 2})
+    assert "not JSON" in route_put_problem(b"\xff", {})
+    assert "rank_ip" in route_put_problem(json.dumps({**RANK, "rank_ip": "a b"}).encode(), {})
+    assert "rank_port 0" in route_put_problem(json.dumps({**RANK, "rank_port": 0}).encode(), {})

@@ -1,0 +1,203 @@
+"""The gate in front of a rank socket, on real ZMQ sockets: admit, drop, fail the room, tell decode, expire."""
+
+import logging
+import threading
+import time
+
+import pytest
+import zmq
+
+from sglang_pd.harness.hostile_peer import PeerIdentity, PeerSocket, Templates
+from sglang_pd.srt.disaggregation.guarded_socket import GuardedSocket, SigningSocket
+from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits, Side
+from sglang_pd.srt.disaggregation.handshake_gate import HandshakeGate, PeerRecord
+from sglang_pd.srt.disaggregation.peer_auth import PeerAuth
+from sglang_pd.srt.disaggregation.room_expiry import RoomTombstones, UnclaimedRooms
+
+pytestmark = pytest.mark.unit
+
+PEER = PeerIdentity("127.0.0.1", 40001, "127.0.0.1:16001")
+KEY = b"k" * 40
+T = Templates("mooncake", PEER)
+
+
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+class Host:
+    """A KV manager's tables, as plain dicts (what SGLang keeps: registered peers, rooms, transfer infos)."""
+
+    def __init__(self):
+        self.peers: dict[str, PeerRecord] = {}
+        self.rooms: set[int] = set()
+        self.transfer_infos: dict[int, bytes] = {}
+        self.failed: list[tuple[int, str, tuple | None]] = []
+
+    def registered_peer(self, name):
+        return self.peers.get(name)
+
+    def num_registered(self):
+        return len(self.peers)
+
+    def room_claimed(self, room):
+        return room in self.rooms
+
+    def fail_room(self, room, reason, notify):
+        self.failed.append((room, reason, notify))
+        return room in self.rooms
+
+    def drop_unclaimed(self, room):
+        return self.transfer_infos.pop(room, None) is not None
+
+    def prune(self):
+        pass
+
+
+def gate(host, auth=None, side=Side.PREFILL, clock=None, **kw):
+    clock = clock or Clock()
+    lim = FrameLimits("mooncake", side, 16, 64, 1 << 20, aux_item_lens=(32,), aux_slots=(8,))
+    return HandshakeGate(lim, host, auth, UnclaimedRooms(10, clock=clock), RoomTombstones(10, clock=clock),
+                         clock=clock, **kw)
+
+
+def test_transfer_info_of_a_registered_peer_is_admitted_and_tracked_until_claimed():
+    host = Host()
+    host.peers[PEER.name] = PeerRecord(PEER.ip, PEER.port)
+    clock = Clock()
+    g = gate(host, clock=clock)
+    assert g.admit(T.transfer_info(5, [1, 2]), "10.0.0.9") == T.transfer_info(5, [1, 2])
+    host.transfer_infos[5] = b"held"
+    clock.now += 11
+    assert g.housekeeping() == [5] and 5 not in host.transfer_infos  # nobody claimed room 5
+    g.admit(T.transfer_info(6, [1]), "10.0.0.9")
+    host.rooms.add(6)
+    host.transfer_infos[6] = b"held"
+    clock.now += 11
+    assert g.housekeeping() == [] and 6 in host.transfer_infos       # claimed: kept
+    assert g.snapshot()["unclaimed_rooms"]["num_expired"] == 1
+
+
+def test_bad_transfer_info_fails_its_room_and_tells_only_a_registered_decode():
+    host = Host()
+    host.peers[PEER.name] = PeerRecord(PEER.ip, PEER.port)
+    host.rooms.add(8)
+    g = gate(host)
+    bad = T.transfer_info(8, [1, 2], decode_prefix_len=-16)
+    assert g.admit(bad, "10.0.0.9") is None
+    room, reason, notify = host.failed[-1]
+    assert (room, notify) == (8, (PEER.ip, PEER.port)) and "decode_prefix_len -16 is outside" in reason
+    stranger = Templates("mooncake", PeerIdentity("6.6.6.6", 9, "6.6.6.6:9")).transfer_info(
+        8, [1], decode_prefix_len=-16)
+    assert g.admit(stranger, "6.6.6.6") is None and host.failed[-1][2] is None  # never tell an unknown endpoint
+
+
+def test_unregistered_or_moved_peer_cannot_claim_a_room_and_early_rooms_are_tombstoned():
+    host = Host()
+    g = gate(host)
+    assert g.admit(T.transfer_info(9, [1]), "10.0.0.9") is None
+    assert "never registered" in host.failed[-1][1]
+    assert g.tombstones.take(9) == host.failed[-1][1]          # room 9 did not exist yet: remembered
+    host.peers[PEER.name] = PeerRecord("10.1.1.1", PEER.port)
+    assert g.admit(T.transfer_info(10, [1]), "10.0.0.9") is None
+    assert "registered ('10.1.1.1'" in host.failed[-1][1]
+
+
+def test_registration_table_is_bounded():
+    host = Host()
+    g = gate(host, max_peers=1)
+    assert g.admit(T.registration([4096], 2048), "a") is not None
+    host.peers[PEER.name] = PeerRecord(PEER.ip, PEER.port)
+    other = Templates("mooncake", PeerIdentity("127.0.0.1", 2, "127.0.0.1:2")).registration([4096], 2048)
+    assert g.admit(other, "b") is None and g.counts.rejected == {"registration": 1}
+    assert g.admit(T.registration([4096], 2048), "a") is not None  # re-registration of a known peer
+
+
+def test_with_auth_unsigned_and_impostor_messages_change_nothing():
+    host = Host()
+    host.peers[PEER.name] = PeerRecord(PEER.ip, PEER.port)
+    host.rooms.add(11)
+    g = gate(host, auth=PeerAuth([KEY]))
+    msg = T.transfer_info(11, [1])
+    assert g.admit(msg, "6.6.6.6") is None
+    assert g.admit(msg + PeerAuth([b"x" * 40]).sign_frames(msg), "6.6.6.6") is None
+    bad = T.transfer_info(11, [1], decode_prefix_len=-3)
+    assert g.admit(bad, "6.6.6.6") is None
+    assert host.failed == [] and g.counts.auth_refused == {"missing": 2, "unknown_key": 1}
+    signed = msg + PeerAuth([KEY]).sign_frames(msg)
+    assert g.admit(signed, "10.0.0.9") == msg
+    assert g.admit(signed, "10.0.0.9") is None and g.counts.auth_refused["replayed"] == 1
+
+
+def test_with_auth_a_room_decline_must_be_signed():
+    """An unauthenticated decline would let a stranger drop any room: refused before it is read."""
+    from sglang_pd.srt.disaggregation.room_decline import DeclineNotice, decline_frames
+
+    host = Host()
+    host.rooms.add(12)
+    g = gate(host, auth=PeerAuth([KEY]))
+    decline = decline_frames(DeclineNotice(12, None, "served by decode"), "127.0.0.1", 4567)
+    assert g.admit(decline, "6.6.6.6") is None
+    assert g.admit(decline + PeerAuth([b"x" * 40]).sign_frames(decline), "6.6.6.6") is None
+    assert host.failed == [] and g.counts.auth_refused == {"missing": 1, "unknown_key": 1}
+    assert g.admit(decline + PeerAuth([KEY]).sign_frames(decline), "10.0.0.9") == decline
+    assert g.counts.num_admitted == 1 and g.counts.rejected == {}
+    assert gate(Host()).admit(decline, "10.0.0.9") == decline, "without a secret: admitted as upstream's ABORT is"
+
+
+def test_decode_side_aux_data_needs_a_waiting_room():
+    host = Host()
+    g = gate(host, side=Side.DECODE)
+    assert g.admit(T.aux_data(3, 0, 1, b"x" * 32), "p") is None
+    host.rooms.add(3)
+    assert g.admit(T.aux_data(3, 0, 1, b"x" * 32), "p") is not None
+    assert g.admit(T.status(3, 4), "p") is not None
+
+
+def test_one_log_line_per_peer(caplog):
+    g = gate(Host())
+    with caplog.at_level(logging.WARNING, logger="sglang_pd.srt.disaggregation.handshake_gate"):
+        for peer in ("10.0.0.1", "10.0.0.1", "10.0.0.1", "10.0.0.2"):
+            g.admit([b"None"], peer)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 2 and all("registration has 10..20" in line for line in lines)
+    assert g.snapshot()["peers"]["10.0.0.1"]["dropped"] == 3
+
+
+def test_guarded_socket_returns_only_admitted_frames_and_works_with_pollers():
+    ctx = zmq.Context()
+    raw = ctx.socket(zmq.PULL)
+    port = raw.bind_to_random_port("tcp://127.0.0.1")
+    host = Host()
+    host.peers[PEER.name] = PeerRecord(PEER.ip, PEER.port)
+    auth = PeerAuth([KEY])
+    errors = []
+    sock = GuardedSocket.around(raw, gate(host, auth=auth), on_error=errors.append, housekeeping_s=0.05)
+    push = ctx.socket(zmq.PUSH)
+    push.connect(f"tcp://127.0.0.1:{port}")
+    signer = SigningSocket.around(push, auth)
+    with PeerSocket(f"tcp://127.0.0.1:{port}") as hostile:
+        hostile.send([b"WATERMARK"])
+        hostile.send([b"\xff"] * 3, auth=auth)
+        signer.send_multipart(T.abort(12))
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        assert poller.poll(5000)
+        assert sock.recv_multipart() == T.abort(12)
+    got = []
+    reader = threading.Thread(target=lambda: got.append(sock.recv_multipart()), daemon=True)
+    reader.start()
+    time.sleep(0.2)  # the reader idles through a few housekeeping rounds
+    signer.send_multipart(T.abort(13))
+    reader.join(5)
+    assert got == [T.abort(13)] and sock.reader is not None
+    counts = sock.gate.counts  # the two hostile messages arrived (any order) and were dropped
+    assert (counts.num_received, counts.num_admitted, counts.rejected) == (4, 2, {"transfer_info": 1})
+    assert counts.auth_refused == {"missing": 1} and errors == []
+    for s in (push, raw):
+        s.close(0)
+    ctx.term()

@@ -1,0 +1,117 @@
+"""HMAC tags over handshake frames and bootstrap HTTP: what is accepted, what is refused and why."""
+
+import os
+
+import pytest
+
+from sglang_pd.srt.disaggregation.peer_auth import (
+    AuthFailure, PeerAuth, ReplayGuard, SecretFileError, key_id, read_keys)
+
+pytestmark = pytest.mark.unit
+
+KEY_A = b"a" * 32 + b"-first-secret"
+KEY_B = b"b" * 40
+FRAMES = [b"42", b"127.0.0.1", b"5000", b"127.0.0.1:16000", b"\x01\x00\x00\x00", b"3", b"", b"1", b"16", b""]
+
+
+class Clock:
+    def __init__(self, now=1_800_000_000.0):
+        self.now = now
+
+    def __call__(self):
+        return self.now
+
+
+def test_signed_frames_verify_once_and_come_back_without_the_trailer():
+    auth = PeerAuth([KEY_A])
+    msg = FRAMES + auth.sign_frames(FRAMES)
+    assert len(msg) == len(FRAMES) + 5
+    assert auth.verify_frames(msg) == (None, FRAMES, None)
+    assert auth.verify_frames(msg).failure is AuthFailure.REPLAYED
+
+
+@pytest.mark.parametrize("tamper", ["edit", "move_boundary", "drop", "add", "reorder"])
+def test_any_change_to_the_frames_breaks_the_tag(tamper):
+    auth = PeerAuth([KEY_A])
+    trailer = auth.sign_frames(FRAMES)
+    body = {
+        "edit": FRAMES[:8] + [b"17"] + FRAMES[9:],
+        "move_boundary": [FRAMES[0] + FRAMES[1]] + FRAMES[2:],
+        "drop": FRAMES[:-1],
+        "add": FRAMES + [b""],
+        "reorder": [FRAMES[1], FRAMES[0]] + FRAMES[2:],
+    }[tamper]
+    assert auth.verify_frames(body + trailer).failure is AuthFailure.BAD_MAC
+
+
+def test_missing_wrong_secret_malformed_and_stale_are_told_apart():
+    clock = Clock()
+    real, impostor = PeerAuth([KEY_A], clock=clock), PeerAuth([KEY_B], clock=clock)
+    assert real.verify_frames(FRAMES).failure is AuthFailure.MISSING
+    assert real.verify_frames(FRAMES + impostor.sign_frames(FRAMES)).failure is AuthFailure.UNKNOWN_KEY
+    forged = FRAMES + real.sign_frames(FRAMES)
+    forged[-1] = bytes(32)  # right key id, tag not made with the key
+    assert real.verify_frames(forged).failure is AuthFailure.BAD_MAC
+    bad = FRAMES + real.sign_frames(FRAMES)
+    bad[-3] = b"not-a-time"
+    assert real.verify_frames(bad).failure is AuthFailure.MALFORMED
+    old = FRAMES + real.sign_frames(FRAMES)
+    clock.now += 31
+    assert real.verify_frames(old).failure is AuthFailure.STALE
+    future = FRAMES + PeerAuth([KEY_A], clock=Clock(clock.now + 60)).sign_frames(FRAMES)
+    assert real.verify_frames(future).failure is AuthFailure.STALE
+
+
+def test_rotation_new_key_first_old_key_still_verifies():
+    old_only, both = PeerAuth([KEY_A]), PeerAuth([KEY_B, KEY_A])
+    assert both.key_ids[0] == key_id(KEY_B).decode()
+    assert both.verify_frames(FRAMES + old_only.sign_frames(FRAMES)).failure is None
+    assert old_only.verify_frames(FRAMES + both.sign_frames(FRAMES)).failure is AuthFailure.UNKNOWN_KEY
+    assert PeerAuth([KEY_A, KEY_B]).verify_frames(FRAMES + both.sign_frames(FRAMES)).failure is None
+
+
+def test_replay_memory_is_bounded_and_forgets_after_the_window():
+    guard = ReplayGuard(capacity=2)
+    assert guard.admit(b"n1", 10.0, now=0.0) is None
+    assert guard.admit(b"n1", 10.0, now=1.0) is AuthFailure.REPLAYED
+    assert guard.admit(b"n2", 10.0, now=1.0) is None
+    assert guard.admit(b"n3", 10.0, now=1.0) is AuthFailure.OVERLOADED
+    assert guard.admit(b"n3", 20.0, now=11.0) is None and len(guard) == 1
+
+
+def test_http_request_and_answer_tags():
+    server, client = PeerAuth([KEY_A]), PeerAuth([KEY_A])
+    header, nonce = client.sign_http_request("PUT", "/route", b'{"rank_port":1}')
+    assert server.verify_http_request("PUT", "/route", b'{"rank_port":1}', header) == (None, None, nonce)
+    assert server.verify_http_request("PUT", "/route", b'{"rank_port":1}', header).failure is AuthFailure.REPLAYED
+    header, _ = client.sign_http_request("GET", "/route?prefill_dp_rank=0", b"")
+    assert server.verify_http_request("GET", "/route?prefill_dp_rank=1", b"", header).failure is AuthFailure.BAD_MAC
+    assert server.verify_http_request("GET", "/route", b"", None).failure is AuthFailure.MISSING
+    answer = server.sign_http_response(nonce, 200, b'{"rank_ip":"10.0.0.1"}')
+    assert client.verify_http_response(nonce, 200, b'{"rank_ip":"10.0.0.1"}', answer).failure is None
+    assert client.verify_http_response(nonce, 200, b'{"rank_ip":"6.6.6.6"}', answer).failure is AuthFailure.BAD_MAC
+    other_nonce = client.sign_http_request("GET", "/route", b"")[1]
+    replayed = client.verify_http_response(other_nonce, 200, b'{"rank_ip":"10.0.0.1"}', answer)
+    assert replayed.failure is AuthFailure.BAD_MAC  # an answer to another request
+    fake = PeerAuth([KEY_B]).sign_http_response(nonce, 200, b"{}")
+    assert client.verify_http_response(nonce, 200, b"{}", fake).failure is AuthFailure.UNKNOWN_KEY
+
+
+def test_secret_file_rules_and_the_secret_never_shows(tmp_path):
+    path = tmp_path / "secret"
+    path.write_text("# rotation: new key first\n" + KEY_B.decode() + "\n\n" + KEY_A.decode() + "\n")
+    assert read_keys(path) == [KEY_B, KEY_A]
+    auth = PeerAuth.from_file(path)
+    assert KEY_A.decode() not in repr(auth) and KEY_B.decode() not in repr(auth)
+    path.write_text("too-short\n")
+    with pytest.raises(SecretFileError, match="shorter than 32") as err:
+        read_keys(path)
+    assert "too-short" not in str(err.value)
+    with pytest.raises(SecretFileError, match="does not exist"):
+        read_keys(tmp_path / "absent")
+    with pytest.raises(SecretFileError, match="cannot be read"):
+        read_keys(tmp_path)
+    path.write_text("# only a comment\n")
+    with pytest.raises(SecretFileError, match="holds no key"):
+        read_keys(path)
+    assert os.path.exists(path)
