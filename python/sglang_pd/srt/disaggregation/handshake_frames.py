@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 from sglang_pd.srt.disaggregation import frame_fields as ff
+from sglang_pd.srt.disaggregation.dcp_frames import relayout_geometry, staging_and_dcp
 from sglang_pd.srt.disaggregation.frame_fields import FrameError
 from sglang_pd.srt.disaggregation.room_decline import MARKER as DECLINE_MARKER
 from sglang_pd.srt.disaggregation.room_decline import DeclineError, parse_decline
@@ -287,43 +288,11 @@ def _mooncake_registration(msg, limits, reader):
             ff.int_lists(msg[i], what, width, MAX_STATE_LISTS, MAX_POINTERS)
     if len(msg) > 12:
         ff.packed_u32(msg[12], "kv layer ids", MAX_POINTERS)
-    if _staging_and_dcp(msg, 14, 16, limits) != limits.dcp_size:
-        _relayout_geometry(kv_item_len, limits)
+    if staging_and_dcp(msg, 14, 16, limits) != limits.dcp_size:
+        relayout_geometry(kv_item_len, limits)
     for i, what in ((18, "staging slot layer ids"), (19, "kv item lens")):
         if len(msg) > i:
             ff.packed_u64(msg[i], what, MAX_POINTERS)
-
-
-def _staging_and_dcp(msg, staging_at: int, dcp_at: int, limits: FrameLimits) -> int:
-    """Check the staging and DCP frames; the peer's DCP size as upstream reads it."""
-    if len(msg) > staging_at and len(msg[staging_at]) not in (0, 8):
-        raise FrameError(f"staging base pointer frame has {len(msg[staging_at])} bytes, not 0 or 8")
-    if len(msg) > staging_at + 1:
-        ff.optional_int(msg[staging_at + 1], "staging size", 0, MAX_INT)
-    size = ff.optional_int(msg[dcp_at], "dcp size", 1, MAX_RANK + 1) if len(msg) > dcp_at else None
-    rank = ff.optional_int(msg[dcp_at + 1], "dcp rank", 0, MAX_RANK) if len(msg) > dcp_at + 1 else None
-    size, rank = 1 if size is None else size, 0 if rank is None else rank  # upstream's defaults
-    _dcp_pairing(size, rank, limits)
-    return size
-
-
-def _dcp_pairing(size: int, rank: int, limits: FrameLimits) -> None:
-    """The pairings upstream's `requires_dcp_relayout` accepts; any other raises in its reading thread."""
-    if size == limits.dcp_size:
-        if rank != limits.dcp_rank:
-            raise FrameError(f"peer DCP rank {rank} does not match this rank's {limits.dcp_rank} "
-                             f"(DCP size {size})")
-        return
-    if limits.dcp_relayout_token_bytes is None or limits.dcp_size != 1:
-        raise FrameError(f"peer DCP size {size} cannot pair with this rank's DCP size {limits.dcp_size}")
-
-
-def _relayout_geometry(kv_item_len: int, limits: FrameLimits) -> None:
-    """Mooncake's DCP relayout: upstream requires the peer's bytes per token to equal each entry's."""
-    token_bytes = kv_item_len // limits.page_size
-    if any(token_bytes != own for own in limits.dcp_relayout_token_bytes):
-        raise FrameError(f"peer KV of {token_bytes} bytes per token cannot be relaid out from this rank's "
-                         f"{list(limits.dcp_relayout_token_bytes)}")
 
 
 def _nixl_registration(msg, limits, reader):
@@ -341,7 +310,7 @@ def _nixl_registration(msg, limits, reader):
     for i, what in ((12, "state item lens"), (13, "state dims"), (19, "state layer ids")):
         if len(msg) > i:
             ff.int_lists(msg[i], what, 4, MAX_STATE_LISTS, MAX_POINTERS)
-    _staging_and_dcp(msg, 14, 21, limits)
+    staging_and_dcp(msg, 14, 21, limits)
     if len(msg) > 16:
         ff.optional_int(msg[16], "num slots", 0, MAX_INT)
     if len(msg) > 17:
