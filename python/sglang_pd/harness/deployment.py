@@ -14,7 +14,7 @@ import requests
 
 from sglang_pd.harness.cpu_env import cpu_server_args, server_env
 from sglang_pd.harness import upstream_state
-from sglang_pd.harness.server import ServerProcess, ServerStartError, free_port
+from sglang_pd.harness.server import PortTakenError, ServerProcess, ServerStartError, free_port
 from sglang_pd.launch_router import wait_registered
 from sglang_pd.models import DEFAULT_MODEL, ensure_model_dir, is_real_model
 from sglang_pd.config import ENABLE_FAULT_INJECTION
@@ -102,6 +102,7 @@ class PDDeployment:
         self.decodes = [self._server(f"decode{i}", self._decode_args()) for i in range(config.num_decode)]
         self.plain = self._server("plain", self._plain_args()) if config.with_plain else None
         self.router: ServerProcess | None = None
+        self.port_rebinds: list[tuple[str, int, int]] = []  # (server, taken port, new port)
 
     # ---- argv -------------------------------------------------------------------------------------
     def _common_args(self, max_total_tokens: int, attention_backend: str = "torch_native") -> list[str]:
@@ -147,7 +148,7 @@ class PDDeployment:
             for server in self.servers:
                 server.start()
             with cf.ThreadPoolExecutor(len(self.servers)) as pool:
-                for fut in [pool.submit(s.wait_healthy, deadline) for s in self.servers]:
+                for fut in [pool.submit(self._wait_rebinding, s, deadline) for s in self.servers]:
                     fut.result()
             self._check_plugin_loaded()
             if self.config.with_router:
@@ -156,6 +157,22 @@ class PDDeployment:
             self.stop()
             raise
         return self
+
+    REBIND_ATTEMPTS = 3
+
+    def _wait_rebinding(self, server: ServerProcess, deadline: float) -> None:
+        """Wait for `server`; if its port was taken before it could bind it, restart it on a new port
+        (at most REBIND_ATTEMPTS times, each one printed and counted in `port_rebinds`)."""
+        for attempt in range(1, self.REBIND_ATTEMPTS + 1):
+            try:
+                return server.wait_healthy(deadline)
+            except PortTakenError as exc:
+                if attempt == self.REBIND_ATTEMPTS:
+                    raise
+                old, new = server.port, free_port()
+                print(f"sglang_pd harness: {exc}; restarting {server.name} on port {new}", file=sys.stderr)
+                self.port_rebinds.append((server.name, old, new))
+                server.rebind(new)
 
     def _check_plugin_loaded(self) -> None:
         """Raise ServerStartError naming a server whose sglang_pd state is not the configured one

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import random
+import re
 import signal
 import socket
 import subprocess
@@ -16,8 +18,41 @@ class ServerStartError(RuntimeError):
     """A server exited or did not become healthy in time; the message carries its log tail."""
 
 
+class PortTakenError(ServerStartError):
+    """The server could not bind its own --port: another socket took it between `free_port()` and the
+    bind (which SGLang does only after loading the model). The deployment restarts it on a new port."""
+
+
+# uvicorn's line when the HTTP port is taken (SGLang's process then stays up, without an HTTP server).
+_BIND_FAILURE = re.compile(r"error while attempting to bind on address \('[^']*', (\d+)\).*address already in use")
+_PORT_FLOOR = 20000  # below: transfer engines' own port ranges (mooncake picks ~12000-16000 here)
+
+
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands to outgoing connections (ip_local_port_range)."""
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default; other systems have no such file
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago (the OS picks it)."""
+    """A TCP port on 127.0.0.1 that was free a moment ago, chosen below the kernel's ephemeral range.
+
+    SGLang binds its HTTP port only after loading the model (~25 s here). An ephemeral port (what
+    every outgoing connection gets: health polls, clients, ZMQ, transfer engines) could be taken by a
+    connection in that window and stop the server; ports below that range are never handed out so.
+    Where the range starts too low to leave room, the OS picks (bind to port 0)."""
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
+    for _ in range(100 if low - _PORT_FLOOR >= 1000 else 0):
+        port = rng.randrange(_PORT_FLOOR, low)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
@@ -45,6 +80,7 @@ class ServerProcess:
         self.log_path = Path(log_dir) / f"{name}.log"
         self.health_path = health_path
         self.proc: subprocess.Popen | None = None
+        self._log_start = 0
 
     @property
     def url(self) -> str:
@@ -56,6 +92,7 @@ class ServerProcess:
         if self.proc is not None:
             raise RuntimeError(f"{self.name} already started (pid {self.proc.pid})")
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             log.write(("$ " + " ".join(self.argv) + "\n").encode())
             self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
@@ -68,7 +105,8 @@ class ServerProcess:
     def wait_healthy(self, deadline: float) -> None:
         """Block until GET health_path answers 200 or `deadline` (time.monotonic()) passes.
 
-        Raises ServerStartError with the log tail if the process exits or time runs out.
+        Raises PortTakenError at once if the server logs that its --port is taken, ServerStartError with
+        the log tail if the process exits or time runs out.
         """
         while True:
             if not self.is_running():
@@ -79,10 +117,31 @@ class ServerProcess:
                     return
             except requests.RequestException:
                 pass
+            if self.port_taken():
+                raise PortTakenError(f"{self.name} could not bind its port {self.port} (taken by another "
+                                     f"socket since it was chosen); log {self.log_path}")
             if time.monotonic() > deadline:
                 raise ServerStartError(f"{self.name} not healthy in time; log {self.log_path}:\n"
                                        f"{log_tail(self.log_path)}")
             time.sleep(1.0)
+
+    def port_taken(self) -> bool:
+        """True if this run's log (since the last start) says its own --port could not be bound."""
+        if not self.log_path.exists():
+            return False
+        with open(self.log_path, "rb") as log:
+            log.seek(self._log_start)
+            text = log.read().decode(errors="replace")
+        return any(int(m.group(1)) == self.port for m in _BIND_FAILURE.finditer(text))
+
+    def rebind(self, port: int) -> None:
+        """Stop this server and start it again on `port` (same argv otherwise); does not wait."""
+        self.stop(grace_s=0)
+        self.proc = None
+        at = self.argv.index("--port") + 1
+        self.argv = [*self.argv[:at], str(port), *self.argv[at + 1:]]
+        self.port = port
+        self.start()
 
     def stop(self, grace_s: float = 20.0) -> bool:
         """SIGTERM this process group, SIGKILL it after `grace_s`; safe to call twice.

@@ -6,8 +6,12 @@ import sys
 import time
 
 import pytest
+import requests
 
-from sglang_pd.harness.server import ServerProcess, ServerStartError, free_port
+import socket
+
+from sglang_pd.harness.deployment import PDDeployment
+from sglang_pd.harness.server import PortTakenError, ServerProcess, ServerStartError, free_port
 from sglang_pd.models import ensure_model_dir, model_config
 
 pytestmark = pytest.mark.unit
@@ -74,3 +78,50 @@ def test_server_that_exits_reports_log_tail(tmp_path):
     with pytest.raises(ServerStartError, match="(?s)broken exited with 3.*boom: bad flag --x"):
         server.wait_healthy(time.monotonic() + 30)
     server.stop()
+
+
+# As SGLang does: a child keeps the process up, then uvicorn binds --port (after the model load).
+_LATE_BINDER = r"""
+import subprocess, sys, uvicorn
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+async def app(scope, receive, send):
+    if scope["type"] != "http":
+        return
+    await send({"type": "http.response.start", "status": 200 if scope["path"] == "/health" else 404, "headers": []})
+    await send({"type": "http.response.body", "body": b""})
+try:
+    uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[sys.argv.index("--port") + 1]), log_level="info")
+finally:
+    child.wait()
+"""
+
+
+def test_a_server_whose_port_was_taken_is_restarted_on_a_new_port(tmp_path):
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as holder:
+        holder.bind(("127.0.0.1", free_port()))
+        holder.listen()
+        taken = holder.getsockname()[1]
+        server = ServerProcess("late", [sys.executable, "-c", _LATE_BINDER, "--port", str(taken)],
+                               dict(os.environ), taken, tmp_path)
+        server.start()
+        try:
+            with pytest.raises(PortTakenError, match=f"late could not bind its port {taken}"):
+                server.wait_healthy(time.monotonic() + 60)
+            assert server.is_running()  # up without an HTTP server: only the log says why
+            deployment = PDDeployment.__new__(PDDeployment)  # only its restart policy is used here
+            deployment.port_rebinds = []
+            server.stop(grace_s=5)
+            server.proc = None
+            server.start()  # the same taken port again: _wait_rebinding must move it
+            deployment._wait_rebinding(server, time.monotonic() + 60)
+            assert deployment.port_rebinds == [("late", taken, server.port)] and server.port != taken
+            assert "--port" in server.argv and server.argv[server.argv.index("--port") + 1] == str(server.port)
+            assert requests.get(server.url + "/health", timeout=5).status_code == 200
+        finally:
+            server.stop(grace_s=5)
+
+
+def test_free_port_is_below_the_ephemeral_range():
+    low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
+    ports = {free_port() for _ in range(20)}
+    assert all(20000 <= p < low for p in ports) and len(ports) > 1, (low, ports)
