@@ -13,17 +13,15 @@ from sglang_pd.srt.disaggregation.frame_fields import FrameError
 if TYPE_CHECKING:
     from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits
 
-MAX_DCP_RANK = 4095  # as handshake_frames.MAX_RANK
-
 
 def staging_and_dcp(msg, staging_at: int, dcp_at: int, limits: "FrameLimits") -> int:
     """Check the staging and DCP frames; the peer's DCP size as upstream reads it."""
     if len(msg) > staging_at and len(msg[staging_at]) not in (0, 8):
         raise FrameError(f"staging base pointer frame has {len(msg[staging_at])} bytes, not 0 or 8")
     if len(msg) > staging_at + 1:
-        ff.optional_int(msg[staging_at + 1], "staging size", 0, ff.MAX_ROOM)
-    size = ff.optional_int(msg[dcp_at], "dcp size", 1, MAX_DCP_RANK + 1) if len(msg) > dcp_at else None
-    rank = ff.optional_int(msg[dcp_at + 1], "dcp rank", 0, MAX_DCP_RANK) if len(msg) > dcp_at + 1 else None
+        ff.optional_int(msg[staging_at + 1], "staging size", 0, ff.MAX_INT)
+    size = ff.optional_int(msg[dcp_at], "dcp size", 1, ff.MAX_RANK + 1) if len(msg) > dcp_at else None
+    rank = ff.optional_int(msg[dcp_at + 1], "dcp rank", 0, ff.MAX_RANK) if len(msg) > dcp_at + 1 else None
     size, rank = 1 if size is None else size, 0 if rank is None else rank  # upstream's defaults
     dcp_pairing(size, rank, limits)
     return size

@@ -13,6 +13,8 @@ import struct
 import numpy as np
 
 MAX_ROOM = 2**63 - 1
+MAX_INT = 2**63 - 1  # any other non-negative integer field (sizes, generations)
+MAX_RANK = 4095  # prefill ranks, TP/DP/DCP sizes
 _DIGITS = re.compile(rb"[0-9]{1,19}")
 _SIGNED = re.compile(rb"-?[0-9]{1,19}")
 # Host names, IPv4 and IPv6 literals (with or without brackets, with a zone id).

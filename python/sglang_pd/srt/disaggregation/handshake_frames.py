@@ -50,8 +50,8 @@ from sglang_pd.srt.disaggregation.room_decline import DeclineError, parse_declin
 
 NIXL_GUARD = b"NixlMsgGuard"
 MAX_FRAMES = 32
-MAX_INT = 2**63 - 1
-MAX_RANK = 4095           # prefill ranks, TP/DP sizes
+MAX_INT = ff.MAX_INT
+MAX_RANK = ff.MAX_RANK
 MAX_DST_INFOS = 1024      # required_dst_info_num: decode ranks one prefill rank serves per room
 MAX_STATE_LISTS = 64
 MAX_POINTERS = 1 << 16    # per pointer frame (layers x K/V x draft)
