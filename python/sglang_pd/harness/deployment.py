@@ -14,7 +14,7 @@ import requests
 
 from sglang_pd.harness.cpu_env import cpu_server_args, server_env
 from sglang_pd.harness import upstream_state
-from sglang_pd.harness.server import PortTakenError, ServerProcess, ServerStartError, free_port
+from sglang_pd.harness.server import ServerProcess, ServerStartError, free_port, wait_healthy_rebinding
 from sglang_pd.launch_router import wait_registered
 from sglang_pd.models import DEFAULT_MODEL, ensure_model_dir, is_real_model
 from sglang_pd.config import ENABLE_FAULT_INJECTION
@@ -158,21 +158,9 @@ class PDDeployment:
             raise
         return self
 
-    REBIND_ATTEMPTS = 3
-
     def _wait_rebinding(self, server: ServerProcess, deadline: float) -> None:
-        """Wait for `server`; if its port was taken before it could bind it, restart it on a new port
-        (at most REBIND_ATTEMPTS times, each one printed and counted in `port_rebinds`)."""
-        for attempt in range(1, self.REBIND_ATTEMPTS + 1):
-            try:
-                return server.wait_healthy(deadline)
-            except PortTakenError as exc:
-                if attempt == self.REBIND_ATTEMPTS:
-                    raise
-                old, new = server.port, free_port()
-                print(f"sglang_pd harness: {exc}; restarting {server.name} on port {new}", file=sys.stderr)
-                self.port_rebinds.append((server.name, old, new))
-                server.rebind(new)
+        """Wait for `server`, moving it to a new port if its own was taken (recorded in `port_rebinds`)."""
+        self.port_rebinds += [(server.name, old, new) for old, new in wait_healthy_rebinding(server, deadline)]
 
     def _check_plugin_loaded(self) -> None:
         """Raise ServerStartError naming a server whose sglang_pd state is not the configured one

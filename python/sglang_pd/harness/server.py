@@ -8,6 +8,7 @@ import re
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -181,3 +182,21 @@ class ServerProcess:
             os.killpg(self.proc.pid, sig)  # the group id is the child's pid (new session)
         except (ProcessLookupError, PermissionError):
             pass
+
+
+def wait_healthy_rebinding(server: ServerProcess, deadline: float, attempts: int = 3) -> list[tuple[int, int]]:
+    """`server.wait_healthy`; if its port was taken before it could bind it, restart it on a new port
+    (at most `attempts` tries in all, each restart printed). Returns the (taken port, new port) pairs."""
+    moves: list[tuple[int, int]] = []
+    for attempt in range(1, attempts + 1):
+        try:
+            server.wait_healthy(deadline)
+            return moves
+        except PortTakenError as exc:
+            if attempt == attempts:
+                raise
+            old, new = server.port, free_port()
+            print(f"sglang_pd harness: {exc}; restarting {server.name} on port {new}", file=sys.stderr)
+            moves.append((old, new))
+            server.rebind(new)
+    return moves

@@ -10,8 +10,8 @@ import requests
 
 import socket
 
-from sglang_pd.harness.deployment import PDDeployment
-from sglang_pd.harness.server import PortTakenError, ServerProcess, ServerStartError, free_port
+from sglang_pd.harness.server import (PortTakenError, ServerProcess, ServerStartError, free_port,
+                                     wait_healthy_rebinding)
 from sglang_pd.models import ensure_model_dir, model_config
 
 pytestmark = pytest.mark.unit
@@ -108,13 +108,11 @@ def test_a_server_whose_port_was_taken_is_restarted_on_a_new_port(tmp_path):
             with pytest.raises(PortTakenError, match=f"late could not bind its port {taken}"):
                 server.wait_healthy(time.monotonic() + 60)
             assert server.is_running()  # up without an HTTP server: only the log says why
-            deployment = PDDeployment.__new__(PDDeployment)  # only its restart policy is used here
-            deployment.port_rebinds = []
             server.stop(grace_s=5)
             server.proc = None
-            server.start()  # the same taken port again: _wait_rebinding must move it
-            deployment._wait_rebinding(server, time.monotonic() + 60)
-            assert deployment.port_rebinds == [("late", taken, server.port)] and server.port != taken
+            server.start()  # the same taken port again: wait_healthy_rebinding must move it
+            moves = wait_healthy_rebinding(server, time.monotonic() + 60)
+            assert moves == [(taken, server.port)] and server.port != taken
             assert "--port" in server.argv and server.argv[server.argv.index("--port") + 1] == str(server.port)
             assert requests.get(server.url + "/health", timeout=5).status_code == 200
         finally:
