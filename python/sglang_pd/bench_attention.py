@@ -16,10 +16,14 @@ the tree matched (what decode admission gives it); each request then has its own
 --own-len x [0.5, 1.5) tokens (seeded) plus this step's token. g = 1: no two requests share anything.
 
 One step = init_forward_metadata + every layer's forward (stores this step's K/V, attends), as the
-model runs it; plain and shared steps alternate, --repeats timed each after one warm-up, median
-reported. "ratio" = plain / shared, measured side by side in this run. Outputs of the two are
-compared on every step (max abs diff). KV read per layer: plain reads every request's whole row;
-shared reads each group's prefix once plus the own parts (padding included).
+model runs it. The cell runs --repeats + 1 consecutive decode steps (every request gains one token per
+step, as in a server); in each step three backends run in turn on the same q/k/v: "plain", "gather"
+(ours with the own-KV arena off: every layer gathers the own parts from the pool) and "shared" (ours as
+it ships: own KV kept between steps). Medians over the steps after the first; "1st step" is shared's
+first step, which fills its arena. "ratio" = plain / shared and "arena" = gather / shared, measured side
+by side in this run. Outputs are compared with plain on every step (max abs diff). KV read per layer:
+plain reads every request's whole row; shared reads each group's prefix once plus the own parts
+(padding included).
 """
 
 from __future__ import annotations
@@ -36,6 +40,8 @@ from pathlib import Path
 import torch
 
 from sglang_pd.bench.attention_world import GEOMETRIES, DecodeWorld, random_tokens
+from sglang_pd.srt.disaggregation.shared_attention_stats import SharedAttentionStats
+from sglang_pd.srt.pd_metrics import PDCounters
 
 
 @dataclass(frozen=True)
@@ -46,8 +52,11 @@ class Cell:
     prefix_len: int
     batch: int
     plain_ms: float
-    shared_ms: float
-    ratio: float
+    gather_ms: float      # shared-prefix backend with the own-KV arena off (own parts gathered every layer)
+    shared_ms: float      # shared-prefix backend as it ships (own KV kept in the arena between steps)
+    ratio: float          # plain / shared
+    arena_ratio: float    # gather / shared: what the arena adds
+    first_step_ms: float  # the shared backend's first step, which fills its arena
     num_groups: int
     plain_kv_tokens: int
     shared_kv_tokens: int
@@ -55,13 +64,16 @@ class Cell:
 
 
 def build_world(args, group_size: int, prefix_len: int) -> DecodeWorld:
-    """Pools sized for the cell; groups cached in the tree and their members' rows written."""
+    """Pools sized for the cell (and the steps it runs); groups cached in the tree, members' rows written."""
     rng = random.Random(args.seed)
     own_lens = [max(1, int(args.own_len * (0.5 + rng.random()))) for _ in range(args.batch)]
     pages = lambda n: -(-n // args.page_size) * args.page_size  # noqa: E731
-    pool = sum(pages(n + 1) for n in own_lens) + (args.batch // group_size) * pages(prefix_len) + args.page_size
+    steps = args.repeats + 1
+    pool = (sum(pages(n + 1) for n in own_lens) + steps * args.batch * args.page_size
+            + (args.batch // group_size) * pages(prefix_len) + args.page_size)
     world = DecodeWorld(GEOMETRIES[args.geometry], args.page_size, pool, args.batch,
-                        pages(prefix_len) + 2 * args.own_len + 2, seed=args.seed, shuffle_free_pages=args.scatter)
+                        pages(prefix_len) + 2 * args.own_len + steps + 2, seed=args.seed,
+                        shuffle_free_pages=args.scatter)
     for group in range(args.batch // group_size):
         prefix = random_tokens(pages(prefix_len), rng)
         world.cache_prefix(prefix)
@@ -78,31 +90,41 @@ def _timed(world: DecodeWorld, backend, batch, inputs) -> tuple[float, list[torc
 
 
 def measure(args, group_size: int, prefix_len: int) -> Cell:
-    """Alternate plain and shared steps on one world; medians and the largest output difference."""
+    """Consecutive decode steps (every request gains a token per step, as in a server); in each step
+    plain, gather-only and shared run in turn on the same q/k/v. Medians after the first step and the
+    largest output difference to plain over all steps."""
     world = build_world(args, group_size, prefix_len)
-    batch = world.decode_batch()
-    plain_s, shared_s, diff = [], [], 0.0
+    gather = world.shared_backend(SharedAttentionStats(PDCounters()), arena_budget_tokens=0)
+    times: dict[str, list[float]] = {"plain": [], "gather": [], "shared": []}
+    diff = 0.0
     for rep in range(args.repeats + 1):
-        inputs = world.step_inputs()
+        batch, inputs = world.decode_batch(), world.step_inputs()
         tp, out_p = _timed(world, world.plain, batch, inputs)
+        tg, out_g = _timed(world, gather, batch, inputs)
         ts, out_s = _timed(world, world.shared, batch, inputs)
-        diff = max(diff, max(float((a - b).abs().max()) for a, b in zip(out_p, out_s)))
-        if rep:  # the first round warms allocator and caches
-            plain_s.append(tp)
-            shared_s.append(ts)
+        diff = max(diff, *(float((a - b).abs().max()) for a, b in zip(out_p, out_s + out_g)))
+        if rep == 0:  # warms allocator and caches; the shared backend fills its arena here
+            first_ms = ts * 1000
+        else:
+            for name, t in (("plain", tp), ("gather", tg), ("shared", ts)):
+                times[name].append(t)
+        if rep < args.repeats:
+            world.advance()
     step = world.stats.last_step
-    plain_ms, shared_ms = statistics.median(plain_s) * 1000, statistics.median(shared_s) * 1000
-    return Cell(group_size, prefix_len, args.batch, round(plain_ms, 3), round(shared_ms, 3),
-                round(plain_ms / shared_ms, 2), step.num_groups, sum(world.seq_lens),
-                step.num_shared_tokens + step.num_own_tokens, diff)
+    ms = {name: statistics.median(t) * 1000 for name, t in times.items()}
+    return Cell(group_size, prefix_len, args.batch, round(ms["plain"], 3), round(ms["gather"], 3),
+                round(ms["shared"], 3), round(ms["plain"] / ms["shared"], 2), round(ms["gather"] / ms["shared"], 2),
+                round(first_ms, 3), step.num_groups, sum(world.seq_lens), step.num_shared_tokens + step.num_own_tokens,
+                diff)
 
 
 def format_table(cells: list[Cell]) -> str:
     """The side-by-side table printed by main()."""
-    head = (f"{'group':>5} {'prefix':>6} {'plain ms':>9} {'shared ms':>9} {'ratio':>6} {'groups':>6}"
-            f" {'plain KV/layer':>14} {'shared KV/layer':>15} {'max|diff|':>9}")
-    rows = [f"{c.group_size:>5} {c.prefix_len:>6} {c.plain_ms:>9.2f} {c.shared_ms:>9.2f} {c.ratio:>6.2f}"
-            f" {c.num_groups:>6} {c.plain_kv_tokens:>14} {c.shared_kv_tokens:>15} {c.max_abs_diff:>9.1e}"
+    head = (f"{'group':>5} {'prefix':>6} {'plain ms':>9} {'gather ms':>9} {'shared ms':>9} {'ratio':>6} {'arena':>6}"
+            f" {'1st step':>8} {'groups':>6} {'plain KV/layer':>14} {'shared KV/layer':>15} {'max|diff|':>9}")
+    rows = [f"{c.group_size:>5} {c.prefix_len:>6} {c.plain_ms:>9.2f} {c.gather_ms:>9.2f} {c.shared_ms:>9.2f}"
+            f" {c.ratio:>6.2f} {c.arena_ratio:>6.2f} {c.first_step_ms:>8.2f} {c.num_groups:>6} {c.plain_kv_tokens:>14}"
+            f" {c.shared_kv_tokens:>15} {c.max_abs_diff:>9.1e}"
             for c in cells]
     return "\n".join([head, "-" * len(head), *rows])
 

@@ -153,7 +153,8 @@ def run_config(config: BenchConfig, args, cfg: WorkloadConfig):
         deploy["decode_max_total_tokens"] = args.decode_max_total_tokens
     t0 = time.perf_counter()
     dep = PDDeployment(DeploymentConfig(decode_radix=config.decode_radix,
-                                        decode_attention_backend=config.decode_attention_backend, **deploy))
+                                        decode_attention_backend=config.decode_attention_backend,
+                                        prefill_attention_backend=config.prefill_attention_backend, **deploy))
     try:
         dep.start()
     except ServerStartError as exc:

@@ -41,12 +41,11 @@ class DecodeWorld:
     """Real pools + both backends for one geometry and page size. Single-threaded; mutates its pools."""
 
     def __init__(self, geometry: Geometry, page_size: int, pool_tokens: int, max_requests: int,
-                 max_context: int, seed: int = 0, shuffle_free_pages: bool = False):
+                 max_context: int, seed: int = 0, shuffle_free_pages: bool = False,
+                 arena_budget_tokens: int | None = None):
         from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
         from sglang.srt.layers.radix_attention import RadixAttention
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
-
-        from sglang_pd.srt.hooks.attention_backend import SharedPrefixAttnBackend
 
         self.geometry, self.page_size = geometry, page_size
         self.gen = torch.Generator().manual_seed(seed)
@@ -61,15 +60,25 @@ class DecodeWorld:
         if shuffle_free_pages:  # a long-running server's free list is scattered, not in pool order
             pages = self.allocator.free_pages
             self.allocator.free_pages = pages[torch.randperm(len(pages), generator=self.gen)]
-        runner = SimpleNamespace(device="cpu", req_to_token_pool=self.rows, token_to_kv_pool=self.kv)
+        self._runner = SimpleNamespace(device="cpu", req_to_token_pool=self.rows, token_to_kv_pool=self.kv)
         self.stats = SharedAttentionStats(PDCounters())
-        self.plain = TorchNativeAttnBackend(runner)
-        self.shared = SharedPrefixAttnBackend(TorchNativeAttnBackend(runner), self.stats)
+        self.plain = TorchNativeAttnBackend(self._runner)
+        self.shared = self.shared_backend(self.stats, arena_budget_tokens)
         self.layers = [RadixAttention(g.num_q_heads, g.head_dim, g.head_dim ** -0.5, g.num_kv_heads, layer_id=i)
                        for i in range(g.num_layers)]
         self.seq_lens: list[int] = []
         self.row_ids: list[int] = []
+        self.rids: list[str] = []
         self._next_row = 0
+
+    def shared_backend(self, stats: SharedAttentionStats, arena_budget_tokens: int | None = None):
+        """Another SharedPrefixAttnBackend over this world's pools (None: the arena's default budget)."""
+        from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+        from sglang_pd.srt.hooks.attention_backend import SharedPrefixAttnBackend
+
+        return SharedPrefixAttnBackend(TorchNativeAttnBackend(self._runner), stats,
+                                       arena_budget_tokens=arena_budget_tokens)
 
     def alloc(self, num_tokens: int) -> torch.Tensor:
         """`num_tokens` fresh slots (whole pages taken) with random K/V in every layer."""
@@ -116,7 +125,20 @@ class DecodeWorld:
         self.rows.req_to_token[index, :len(row)] = row.to(self.rows.req_to_token.dtype)
         self.row_ids.append(index)
         self.seq_lens.append(len(row))
+        self.rids.append(f"req-{index}")
         return len(self.row_ids) - 1
+
+    def advance(self) -> None:
+        """The next decode step: every request gets one more slot, which takes that step's token."""
+        slots = self.alloc(len(self.seq_lens))
+        for position, slot in enumerate(slots.tolist()):
+            self.rows.req_to_token[self.row_ids[position], self.seq_lens[position]] = slot
+            self.seq_lens[position] += 1
+
+    def remove(self, position: int) -> None:
+        """The request at batch `position` leaves the batch (its slots stay allocated)."""
+        for batch_list in (self.row_ids, self.seq_lens, self.rids):
+            batch_list.pop(position)
 
     def decode_batch(self):
         """SGLang's ForwardBatch of one decode step over every request added so far."""
@@ -128,7 +150,7 @@ class DecodeWorld:
         return ForwardBatch(forward_mode=ForwardMode.DECODE, batch_size=len(self.seq_lens),
                             input_ids=torch.zeros(len(self.seq_lens), dtype=torch.int64),
                             req_pool_indices=pool_idx, seq_lens=seq_lens, out_cache_loc=out_loc,
-                            seq_lens_sum=int(seq_lens.sum()), seq_lens_cpu=seq_lens)
+                            seq_lens_sum=int(seq_lens.sum()), seq_lens_cpu=seq_lens, rids=list(self.rids))
 
     def step_inputs(self) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
         """Random (q, k, v) per layer for one decode step, shaped as RadixAttention hands them over."""

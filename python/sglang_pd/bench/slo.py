@@ -2,7 +2,8 @@
 
 A configuration name is `off` or `on` (decode radix cache, sglang_pd active) optionally followed by
 `+itl` (decode admission under SGLANG_PD_ITL_TARGET_MS), `+reject` (early rejection under
-SGLANG_PD_TTFT_TARGET_MS), `+shared` (decode attention sglang_pd_shared_prefix instead of torch_native)
+SGLANG_PD_TTFT_TARGET_MS), `+shared` (attention backend sglang_pd_shared_prefix instead of
+torch_native on both servers: shared-prefix decode on decode, extends with only their new queries on prefill)
 and `+local` (decode-local prefill under SGLANG_PD_LOCAL_PREFILL_TOKENS), e.g.
 `off,on,on+itl+reject,on+shared,on+local+shared`; or `on-upstream`: upstream's
 `--disaggregation-decode-enable-radix-cache` with the sglang_pd plugin not loaded (no +features: they
@@ -34,6 +35,7 @@ class BenchConfig:
     env: tuple[tuple[str, str], ...] = ()
     plugin: bool = True  # False: the servers run SGLang without sglang_pd (upstream alone)
     decode_attention_backend: str = "torch_native"
+    prefill_attention_backend: str = "torch_native"
 
 
 @dataclass(frozen=True)
@@ -79,7 +81,7 @@ def parse_configs(text: str, itl_target_ms: float | None, ttft_target_ms: float 
             env.append((LOCAL_ENV, str(local_prefill_tokens)))
         backend = SHARED_BACKEND if "shared" in features else "torch_native"
         configs.append(BenchConfig(name, decode_radix, tuple(env), plugin=plugin,
-                                   decode_attention_backend=backend))
+                                   decode_attention_backend=backend, prefill_attention_backend=backend))
     if not configs:
         raise ValueError("no configuration given")
     return configs

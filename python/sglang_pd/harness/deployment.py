@@ -48,7 +48,8 @@ class DeploymentConfig:
     enable_metrics: bool = True    # SGLang's /metrics (with sglang_pd:* metrics) on every server
     env_overrides: tuple[tuple[str, str], ...] = field(default_factory=tuple)
     plugin: bool = True            # False: sglang_pd not loaded (NO_PLUGINS_ENV); upstream SGLang alone
-    decode_attention_backend: str = "torch_native"  # or sglang_pd_shared_prefix (decode servers only)
+    decode_attention_backend: str = "torch_native"   # or sglang_pd_shared_prefix (registered by the plugin)
+    prefill_attention_backend: str = "torch_native"  # the plain server always runs torch_native
 
     def __post_init__(self):
         if self.transfer_backend not in TRANSFER_BACKENDS:
@@ -57,9 +58,10 @@ class DeploymentConfig:
             raise ValueError(f"page_size ({self.page_size}) and num_decode ({self.num_decode}) must be >= 1")
         if not self.plugin and self.fault_injection:
             raise ValueError("fault_injection is a sglang_pd route: it needs plugin=True")
-        if not self.plugin and self.decode_attention_backend != "torch_native":
-            raise ValueError(f"decode_attention_backend {self.decode_attention_backend!r} is registered by "
-                             "sglang_pd: it needs plugin=True")
+        for role, backend in (("decode", self.decode_attention_backend), ("prefill", self.prefill_attention_backend)):
+            if not self.plugin and backend != "torch_native":
+                raise ValueError(f"{role}_attention_backend {backend!r} is registered by sglang_pd: it needs "
+                                 "plugin=True")
 
 
 def router_metrics_args() -> list[str]:
@@ -113,7 +115,8 @@ class PDDeployment:
                 *cpu_server_args(attention_backend)]
 
     def _prefill_args(self) -> list[str]:
-        return [*self._common_args(self.config.prefill_max_total_tokens), "--disaggregation-mode", "prefill",
+        return [*self._common_args(self.config.prefill_max_total_tokens, self.config.prefill_attention_backend),
+                "--disaggregation-mode", "prefill",
                 "--disaggregation-transfer-backend", self.config.transfer_backend,
                 "--disaggregation-bootstrap-port", str(self.bootstrap_port),
                 *self.config.extra_prefill_args]

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from sglang_pd.srt.disaggregation.attention_partials import merge_into, padded_partial, segment_partial
+from sglang_pd.srt.disaggregation.attention_partials import merge_into, rows_partial, segment_partial
 from sglang_pd.srt.disaggregation.prefix_groups import find_prefix_groups
 from sglang_pd.srt.disaggregation.shared_prefix_attention import bucket_by_length
 
@@ -127,15 +127,15 @@ def test_segment_plus_own_parts_merge_to_full_attention(heads):
     own = [torch.randn(2, n, num_kv, 8, generator=gen) for n in (5, 2, 0)]  # request 2: no own keys
     out = torch.zeros(3, num_q, 8)
     lse = torch.full((3, num_q), float("-inf"))
-    width = 5
-    pad_k = torch.zeros(num_kv, 2, width, 8)
-    pad_v = torch.zeros(num_kv, 2, width, 8)
-    bias = torch.zeros(2, 1, width)
-    for i in range(2):
+    width = 7  # wider than either row: padding at the end, and request 1's first key masked (a front mask)
+    pad_k = torch.zeros(2, num_kv, width, 8)  # request-major, as the arena lays rows out
+    pad_v = torch.zeros(2, num_kv, width, 8)
+    bias = torch.full((2, 1, 1, width), float("-inf"))
+    for i, front in ((0, 0), (1, 1)):
         n = own[i].shape[1]
-        pad_k[:, i, :n], pad_v[:, i, :n] = own[i][0].transpose(0, 1), own[i][1].transpose(0, 1)
-        bias[i, 0, n:] = float("-inf")
-    o, l = padded_partial(q[:2], pad_k, pad_v, bias)
+        pad_k[i, :, front:front + n], pad_v[i, :, front:front + n] = own[i][0].transpose(0, 1), own[i][1].transpose(0, 1)
+        bias[i, ..., front:front + n] = 0.0
+    o, l = rows_partial(q[:2], pad_k.view(2 * num_kv, width, 8), pad_v.view(2 * num_kv, width, 8), bias)
     out[:2], lse[:2] = o, l
     o, l = segment_partial(q, shared_k.transpose(0, 1).contiguous(), shared_v.transpose(0, 1).contiguous())
     merge_into(out, lse, torch.arange(3), o, l)

@@ -39,13 +39,23 @@ SHARED_ATTENTION_METRICS: dict[str, tuple[str, str]] = {
     "shared_attn_kv_reads_saved_tokens_total": (
         "counter", "KV token reads saved against one read per request, summed over steps (per layer)"),
     "shared_attn_own_tokens_total": ("counter", "KV tokens of requests' own parts read, padding included (per layer)"),
+    "shared_attn_arena_filled_tokens_total": (
+        "counter", "own-part KV tokens copied from the pool into the arena (new, refilled or moved rows; per layer)"),
+    "shared_attn_own_gathered_tokens_total": (
+        "counter", "own-part KV tokens gathered from the pool because the arena budget was full, summed over steps "
+                   "(per layer, padding included)"),
+    "shared_attn_segment_gathered_tokens_total": (
+        "counter", "shared-segment KV tokens gathered from the pool (a segment not reused from the previous step)"),
+    "shared_attn_extend_queries_total": (
+        "counter", "extend query tokens attended with only their own queries (offset-causal; per layer call)"),
+    "shared_attn_arena_tokens": ("gauge", "own-KV arena tokens allocated (SGLANG_PD_SHARED_ATTN_ARENA_TOKENS bounds it)"),
     **{fallback_metric(r): ("counter", f"decode attention layer calls served by the wrapped backend: {r.value}")
        for r in FallbackReason},
 }
 
 
 class StepSummary(NamedTuple):
-    """The grouping of one decode step."""
+    """The grouping of one decode step and where its KV came from."""
 
     batch_size: int
     num_groups: int
@@ -53,6 +63,9 @@ class StepSummary(NamedTuple):
     num_shared_tokens: int
     num_reads_saved: int
     num_own_tokens: int
+    num_arena_filled_tokens: int
+    num_own_gathered_tokens: int
+    num_segment_gathered_tokens: int
 
 
 class SharedAttentionStats:
@@ -67,20 +80,30 @@ class SharedAttentionStats:
         """The attention backend `name` serves this process (mutates)."""
         self.backend = name
 
-    def on_step(self, grouping: PrefixGrouping, num_own_tokens: int) -> StepSummary:
-        """One decode forward was planned with `grouping` (mutates the counters)."""
+    def on_step(self, grouping: PrefixGrouping, plan, arena_tokens: int) -> StepSummary:
+        """One decode forward was planned with `grouping` into `plan` (a shared_prefix_attention
+        DecodePlan); the arena now holds `arena_tokens`. Mutates the counters."""
         step = StepSummary(len(grouping.seq_lens), grouping.num_groups, grouping.num_grouped_requests,
-                           grouping.num_shared_tokens, grouping.num_reads_saved, num_own_tokens)
+                           grouping.num_shared_tokens, grouping.num_reads_saved, plan.num_own_tokens,
+                           plan.arena.num_filled_tokens, plan.num_gathered_own_tokens, plan.num_gathered_segment_tokens)
         add = self.counters.add
         add("shared_attn_decode_steps_total", 1)
         add("shared_attn_groups_total", step.num_groups)
         add("shared_attn_grouped_requests_total", step.num_grouped_requests)
         add("shared_attn_shared_tokens_total", step.num_shared_tokens)
         add("shared_attn_kv_reads_saved_tokens_total", step.num_reads_saved)
-        add("shared_attn_own_tokens_total", num_own_tokens)
+        add("shared_attn_own_tokens_total", step.num_own_tokens)
+        add("shared_attn_arena_filled_tokens_total", step.num_arena_filled_tokens)
+        add("shared_attn_own_gathered_tokens_total", step.num_own_gathered_tokens)
+        add("shared_attn_segment_gathered_tokens_total", step.num_segment_gathered_tokens)
         self.counters.set("shared_attn_groups_last_step", step.num_groups)
+        self.counters.set("shared_attn_arena_tokens", arena_tokens)
         self.last_step = step
         return step
+
+    def on_extend(self, num_queries: int) -> None:
+        """One extend layer call attended its `num_queries` new tokens offset-causally (mutates the counters)."""
+        self.counters.add("shared_attn_extend_queries_total", num_queries)
 
     def on_fallback(self, reason: FallbackReason) -> None:
         """One decode attention layer call went to the wrapped backend (mutates the counters)."""

@@ -1,52 +1,44 @@
 """Decode attention by shared physical prefix: a plan built once per forward, run once per layer.
 
-    PrefixGrouping --build_decode_plan--> DecodePlan --shared_prefix_decode(q, K, V)--> output
+    SharedPrefixDecoder.plan(grouping, rows, keys) --DecodePlan--> SharedPrefixDecoder.attend(layer, q) per layer
 
-Per layer, for a batch whose requests share KV segments (prefix_groups.py):
-- every key the layer needs is gathered from the KV pool in one `index_select` per buffer into a
-  reused workspace (each segment once, each own part once), head-major: the pool's rows are viewed
-  as [slots * num_kv_heads, head_dim] and row slot * num_kv_heads + h lands in head h's block. The
-  gather is the memory traffic that dominates CPU decode attention; a fresh allocation per layer
-  would add page faults;
-- each segment is attended by all its members' queries together (`segment_partial`), keeping the
-  log-sum-exp;
-- each request's own part (what no segment covers) is attended in length buckets: own parts of
-  similar length are padded to a common length and run as one batched matmul (`padded_partial`);
-  a bucket never pads a row to more than 1 / `min_fill` of its length;
+For a batch whose requests share KV segments (prefix_groups.py), per layer:
+- each segment is attended by all its members' queries together (`segment_partial`), its KV read
+  from SegmentKVCache (gathered once, reused while the segment lasts), keeping the log-sum-exp;
+- each request's own part (what no segment covers) is attended from OwnKVArena in place: the rows of
+  one band are one batched matmul (`rows_partial`); this step's token is first copied into the arena
+  from the pool. An own part the arena's budget cannot hold is gathered from the pool into a reused
+  workspace every layer, in length buckets (padded to at most 1 / `min_fill` of its length);
 - partials are merged exactly (`merge_into`). A request in no segment takes only the own-part path.
 
-Pure torch, no SGLang import; the plan is immutable and reused by every layer of the forward.
+`SharedPrefixDecoder` keeps what lives across forwards (which request was in the previous decode
+forward with which seq_len, the arena, the segment cache, the workspace). Pure torch, no SGLang
+import; the plan is immutable and serves every layer of its forward. Scheduler thread only.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Sequence
 
 import torch
 
-from sglang_pd.srt.disaggregation.attention_partials import merge_into, padded_partial, segment_partial
+from sglang_pd.srt.disaggregation.attention_partials import merge_into, rows_partial, segment_partial
+from sglang_pd.srt.disaggregation.own_kv_arena import ArenaStep, OwnKVArena, OwnPart, RequestKey
 from sglang_pd.srt.disaggregation.prefix_groups import PrefixGrouping
+from sglang_pd.srt.disaggregation.segment_kv_cache import SegmentKVCache, SegmentStep
 
 DEFAULT_MIN_FILL = 0.8
 
 
 @dataclass(frozen=True)
 class OwnBucket:
-    """Requests whose own parts are attended together, padded to `slots.shape[1]` keys."""
+    """Own parts gathered from the pool and attended together, padded to `slots.shape[1]` keys."""
 
     positions: torch.Tensor     # int64 [b] batch positions
     slots: torch.Tensor         # int64 [b, L] own KV slots, padding repeats the last real slot
-    bias: torch.Tensor | None   # float32 [b, 1, L]: 0 real, -inf padding; None when unpadded
-    offset: int                 # where its keys start in the plan's gathered workspace (tokens)
-
-
-@dataclass(frozen=True)
-class SegmentPlan:
-    """One shared segment: its members' batch positions and its KV slots."""
-
-    members: torch.Tensor  # int64 [m]
-    slots: torch.Tensor    # int64 [n]
-    offset: int            # where its keys start in the plan's gathered workspace (tokens)
+    bias: torch.Tensor | None   # float32 [b, 1, 1, L]: 0 real, -inf padding; None when unpadded
+    offset: int                 # where its rows start in the gathered workspace (rows of [*, D])
 
 
 @dataclass(frozen=True)
@@ -54,22 +46,31 @@ class DecodePlan:
     """Everything a layer needs to attend one decode batch by shared prefix."""
 
     batch_size: int
-    num_kv_heads: int
-    own_buckets: tuple[OwnBucket, ...]
-    segments: tuple[SegmentPlan, ...]
-    gather_rows: torch.Tensor  # int64: rows of the pool viewed [slots * Hkv, D], head-major per piece
-    num_gathered: int          # tokens gathered per layer (own buckets' slots, then segments')
+    arena: ArenaStep
+    gathered: tuple[OwnBucket, ...]  # own parts the arena does not hold
+    gather_rows: torch.Tensor        # int64: pool rows ([slots * Hkv, D] view) of `gathered`, request-major
+    segments: tuple[SegmentStep, ...]
 
     @property
-    def num_padded_own_tokens(self) -> int:
-        """Own-part keys read per layer, padding included."""
-        return sum(b.slots.numel() for b in self.own_buckets)
+    def num_own_tokens(self) -> int:
+        """Own-part keys a layer reads, padding included."""
+        return self.arena.num_read_tokens + self.num_gathered_own_tokens
+
+    @property
+    def num_gathered_own_tokens(self) -> int:
+        """Own-part keys a layer gathers from the pool (arena budget full), padding included."""
+        return sum(b.slots.numel() for b in self.gathered)
+
+    @property
+    def num_gathered_segment_tokens(self) -> int:
+        """Segment tokens gathered from the pool for this forward (not reused)."""
+        return sum(s.num_tokens for s in self.segments if s.gathered)
 
 
 class KVWorkspace:
     """Reused buffers the gathered keys and values of a layer land in (grown on demand).
 
-    Not thread-safe; one per backend. A view it returns is valid until the next `views` call."""
+    Not thread-safe; one per decoder. A view it returns is valid until the next `views` call."""
 
     def __init__(self):
         self._k: torch.Tensor | None = None
@@ -89,12 +90,6 @@ class KVWorkspace:
                            dtype=rows.dtype, device=rows.device)
 
 
-def _head_rows(slots: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
-    """Pool rows [Hkv * len(slots)] of `slots` in the [slots * Hkv, D] view, head-major."""
-    heads = torch.arange(num_kv_heads, dtype=torch.int64).unsqueeze(1)
-    return (slots.reshape(1, -1) * num_kv_heads + heads).reshape(-1)
-
-
 def bucket_by_length(lengths: list[int], min_fill: float = DEFAULT_MIN_FILL) -> list[list[int]]:
     """Indices of non-zero `lengths`, longest first, cut into buckets whose shortest member is at
     least `min_fill` x the bucket's longest (0 < min_fill <= 1)."""
@@ -111,7 +106,7 @@ def bucket_by_length(lengths: list[int], min_fill: float = DEFAULT_MIN_FILL) -> 
 
 
 def _own_bucket(rows: torch.Tensor, positions: list[int], starts: list[int], lens: list[int],
-               offset: int) -> OwnBucket:
+                offset: int) -> OwnBucket:
     width = max(lens)
     pos = torch.tensor(positions, dtype=torch.int64)
     start = torch.tensor(starts, dtype=torch.int64).unsqueeze(1)
@@ -121,65 +116,99 @@ def _own_bucket(rows: torch.Tensor, positions: list[int], starts: list[int], len
     slots = rows[pos].gather(1, columns.to(rows.device)).to(torch.int64)
     bias = None
     if min(lens) < width:
-        bias = torch.zeros(len(positions), 1, width, dtype=torch.float32)
-        bias.masked_fill_((offsets >= length).view(len(positions), 1, width), float("-inf"))
+        bias = torch.zeros(len(positions), width, dtype=torch.float32)
+        bias = bias.masked_fill_(offsets >= length, float("-inf")).view(len(positions), 1, 1, width)
     return OwnBucket(pos, slots, bias, offset)
 
 
-def build_decode_plan(grouping: PrefixGrouping, rows: torch.Tensor, num_kv_heads: int,
-                      min_fill: float = DEFAULT_MIN_FILL) -> DecodePlan:
-    """The per-forward plan for `grouping` over `rows` (the same rows it was found on), for a KV pool
-    of `num_kv_heads` heads. Read-only."""
-    own_lens = grouping.own_lens()
-    buckets, offset = [], 0
-    for idx in bucket_by_length(own_lens, min_fill):
+def gathered_buckets(grouping: PrefixGrouping, rows: torch.Tensor, positions: Sequence[int], num_kv_heads: int,
+                     min_fill: float = DEFAULT_MIN_FILL) -> tuple[tuple[OwnBucket, ...], torch.Tensor]:
+    """Length buckets of the own parts of batch `positions` and the pool rows ([slots * Hkv, D]
+    view) to gather for them, request-major (request, kv head, token). Read-only."""
+    own_lens, wanted = grouping.own_lens(), set(positions)
+    lengths = [n if i in wanted else 0 for i, n in enumerate(own_lens)]
+    buckets, pieces, offset = [], [], 0
+    heads = torch.arange(num_kv_heads, dtype=torch.int64).view(1, -1, 1)
+    for idx in bucket_by_length(lengths, min_fill):
         bucket = _own_bucket(rows, idx, [grouping.own_starts[i] for i in idx], [own_lens[i] for i in idx], offset)
-        buckets.append(bucket)
-        offset += bucket.slots.numel()
-    segments = []
-    for seg in grouping.segments:
-        segments.append(SegmentPlan(torch.tensor(seg.members, dtype=torch.int64), seg.slots, offset))
-        offset += seg.num_tokens
-    pieces = [_head_rows(b.slots, num_kv_heads) for b in buckets] + [_head_rows(s.slots, num_kv_heads) for s in segments]
-    gather = torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.int64)
-    return DecodePlan(len(own_lens), num_kv_heads, tuple(buckets), tuple(segments), gather, offset)
-
-
-def _piece(rows: torch.Tensor, num_kv_heads: int, offset: int, num_tokens: int) -> torch.Tensor:
-    """A piece's gathered rows as [Hkv, num_tokens, D] (a view)."""
-    return rows[offset * num_kv_heads:(offset + num_tokens) * num_kv_heads].view(num_kv_heads, num_tokens, -1)
-
-
-def shared_prefix_decode(q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, plan: DecodePlan,
-                         scale: float, workspace: KVWorkspace | None = None) -> torch.Tensor:
-    """Decode attention of q [B, Hq, D] over the KV the plan names; returns [B, Hq, Dv] in q's dtype.
-
-    k_buf / v_buf: one layer's pool buffers [pool_tokens, Hkv, D]. Equal (up to float rounding) to
-    attending each request's whole row on its own. Read-only on the KV buffers; overwrites
-    `workspace` (a fresh one when None).
-    """
-    if q.shape[0] != plan.batch_size or k_buf.shape[1] != plan.num_kv_heads:
-        raise ValueError(f"plan is for {plan.batch_size} requests on {plan.num_kv_heads} kv heads, got "
-                         f"{q.shape[0]} queries on {k_buf.shape[1]}")
-    k_rows, v_rows = k_buf.view(-1, k_buf.shape[2]), v_buf.view(-1, v_buf.shape[2])
-    keys, values = (workspace or KVWorkspace()).views(k_rows, v_rows, plan.gather_rows.numel())
-    torch.index_select(k_rows, 0, plan.gather_rows, out=keys)
-    torch.index_select(v_rows, 0, plan.gather_rows, out=values)
-    if keys.dtype != torch.float32:
-        keys, values = keys.float(), values.float()
-    qs, heads = q.float() * scale, plan.num_kv_heads
-    out = torch.zeros(plan.batch_size, q.shape[1], v_buf.shape[2], dtype=torch.float32, device=q.device)
-    lse = torch.full((plan.batch_size, q.shape[1]), float("-inf"), dtype=torch.float32, device=q.device)
-    for bucket in plan.own_buckets:
         b, width = bucket.slots.shape
-        k_piece = _piece(keys, heads, bucket.offset, b * width).view(heads, b, width, -1)
-        v_piece = _piece(values, heads, bucket.offset, b * width).view(heads, b, width, -1)
-        o, l = padded_partial(qs.index_select(0, bucket.positions), k_piece, v_piece, bucket.bias)
-        out[bucket.positions] = o
-        lse[bucket.positions] = l
-    for seg in plan.segments:
-        n = seg.slots.numel()
-        o, l = segment_partial(qs.index_select(0, seg.members), _piece(keys, heads, seg.offset, n),
-                               _piece(values, heads, seg.offset, n))
-        merge_into(out, lse, seg.members, o, l)
-    return out if q.dtype == torch.float32 else out.to(q.dtype)
+        pieces.append((bucket.slots.view(b, 1, width) * num_kv_heads + heads).reshape(-1))
+        buckets.append(bucket)
+        offset += pieces[-1].numel()
+    gather = torch.cat(pieces) if pieces else torch.empty(0, dtype=torch.int64)
+    return tuple(buckets), gather
+
+
+class SharedPrefixDecoder:
+    """Plans and runs shared-prefix decode attention over one KV pool's layers (module docstring)."""
+
+    def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, arena_budget_tokens: int,
+                 min_fill: float = DEFAULT_MIN_FILL):
+        """A decoder for a KV pool of `num_layers` layers of [slots, num_kv_heads, head_dim] buffers (the
+        decoder's layer index is the position in the lists `plan` takes)."""
+        self.num_kv_heads, self.head_dim, self.min_fill = num_kv_heads, head_dim, min_fill
+        self.arena = OwnKVArena(num_layers, num_kv_heads, head_dim, arena_budget_tokens)
+        self.segments = SegmentKVCache(num_kv_heads, head_dim)
+        self.workspace = KVWorkspace()
+        self._previous: dict[RequestKey, int] = {}  # the previous decode forward: key -> seq_len
+
+    def plan(self, grouping: PrefixGrouping, rows: torch.Tensor, keys: Sequence[RequestKey],
+             pool_k: Sequence[torch.Tensor], pool_v: Sequence[torch.Tensor]) -> DecodePlan:
+        """The plan of one decode forward: `grouping` found on `rows` (rows[i, :seq_len] = batch
+        position i's slots, this step's token last), `keys` naming each position's request, pool_k /
+        pool_v each layer's pool buffers. Mutates the arena, the segment cache and the record of the
+        previous forward."""
+        if len(keys) != len(grouping.seq_lens):
+            raise ValueError(f"{len(keys)} request keys for a batch of {len(grouping.seq_lens)}")
+        parts = [OwnPart(key, start, seq_len, self._previous.get(key) == seq_len - 1)
+                 for key, start, seq_len in zip(keys, grouping.own_starts, grouping.seq_lens)]
+        self._previous = {key: seq_len for key, seq_len in zip(keys, grouping.seq_lens)}
+        arena = self.arena.plan(parts, rows, pool_k, pool_v)
+        gathered, gather_rows = gathered_buckets(grouping, rows, arena.overflow, self.num_kv_heads, self.min_fill)
+        segments = self.segments.plan(grouping.segments, parts, pool_k, pool_v)
+        return DecodePlan(len(keys), arena, gathered, gather_rows, segments)
+
+    def forget(self) -> None:
+        """Drop everything kept across forwards (the next plan refills from the pool)."""
+        self._previous = {}
+        self.arena.clear()
+        self.segments.clear()
+
+    def attend(self, layer: int, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, plan: DecodePlan,
+               scale: float) -> torch.Tensor:
+        """Decode attention of q [B, Hq, D] for decoder layer `layer` whose pool buffers are k_buf /
+        v_buf, after SGLang stored this step's K/V there; returns [B, Hq, Dv] in q's dtype. Equal (up
+        to float rounding) to attending each request's whole row on its own. Writes this step's token
+        into the arena (mutates it)."""
+        if q.shape[0] != plan.batch_size:
+            raise ValueError(f"plan is for {plan.batch_size} requests, got {q.shape[0]} queries")
+        self.arena.write_step_kv(layer, plan.arena, k_buf, v_buf)
+        qs = q.float() * scale
+        out = torch.zeros(plan.batch_size, q.shape[1], self.head_dim, dtype=torch.float32, device=q.device)
+        lse = torch.full((plan.batch_size, q.shape[1]), float("-inf"), dtype=torch.float32, device=q.device)
+        for band in plan.arena.bands:
+            keys, values = self.arena.band_kv(layer, band)
+            o, l = rows_partial(qs.index_select(0, band.positions), keys, values, band.bias)
+            out.index_copy_(0, band.positions, o)
+            lse.index_copy_(0, band.positions, l)
+        if plan.gathered:
+            self._attend_gathered(k_buf, v_buf, qs, plan, out, lse)
+        for seg in plan.segments:
+            o, l = segment_partial(qs.index_select(0, seg.members), seg.k[layer], seg.v[layer])
+            merge_into(out, lse, seg.members, o, l)
+        return out if q.dtype == torch.float32 else out.to(q.dtype)
+
+    def _attend_gathered(self, k_buf: torch.Tensor, v_buf: torch.Tensor, qs: torch.Tensor, plan: DecodePlan,
+                         out: torch.Tensor, lse: torch.Tensor) -> None:
+        k_rows, v_rows = k_buf.view(-1, self.head_dim), v_buf.view(-1, self.head_dim)
+        keys, values = self.workspace.views(k_rows, v_rows, plan.gather_rows.numel())
+        torch.index_select(k_rows, 0, plan.gather_rows, out=keys)
+        torch.index_select(v_rows, 0, plan.gather_rows, out=values)
+        keys, values = keys.float(), values.float()
+        for bucket in plan.gathered:
+            b, width = bucket.slots.shape
+            num_rows = b * self.num_kv_heads * width
+            piece = lambda t: t[bucket.offset:bucket.offset + num_rows].view(b * self.num_kv_heads, width, -1)  # noqa: E731
+            o, l = rows_partial(qs.index_select(0, bucket.positions), piece(keys), piece(values), bucket.bias)
+            out.index_copy_(0, bucket.positions, o)
+            lse.index_copy_(0, bucket.positions, l)

@@ -4,16 +4,20 @@ Registered by name in SGLang's own attention-backend registry (`ATTENTION_BACKEN
 choices (`ATTENTION_BACKEND_CHOICES`) by the plugin, so a server selects it on its command line.
 The backend wraps SGLang's `TorchNativeAttnBackend` (built from the same model runner) and:
 
-- extend / prefill / idle forwards: delegated to the wrapped backend unchanged;
 - decode forwards: grouped once per forward (`init_forward_metadata`) by the KV slots the requests'
-  req_to_token rows share (prefix_groups.py), then every layer runs shared_prefix_decode;
-- decode layer calls it does not serve go to the wrapped backend and are counted by reason
-  (`FallbackReason`: sliding-window layers, cross attention, logit cap, encoder tokens, hybrid SWA pool).
+  req_to_token rows share (prefix_groups.py) and planned by `SharedPrefixDecoder` (each segment read
+  once for all its members, own parts read in place from the own-KV arena kept between steps); every
+  layer then runs `SharedPrefixDecoder.attend`;
+- extend forwards (prefill servers, decode-local prefill): causal self-attention attends with only the
+  new queries (local_extend_attention.offset_causal_extend);
+- what it does not serve goes to the wrapped backend: decode layer calls counted by reason
+  (`FallbackReason`: sliding-window layers, cross attention, logit cap, encoder tokens, hybrid SWA
+  pool), and extend layer calls that are not plain causal self-attention; idle forwards.
 
 Refused at start-up (ValueError naming the flag): a device other than CPU (the GPU form is a plan
 in README), torch.compile / CPU graphs, MLA models, KV pools other than MHATokenToKVPool /
-SWAKVPool, quantised (fp8) KV, and KV buffers not laid out [tokens, kv heads, head_dim]. Logic
-lives in srt/disaggregation; this file stays thin.
+SWAKVPool, quantised (fp8) KV, KV buffers not laid out [tokens, kv heads, head_dim] and value heads
+unlike key heads. Logic lives in srt/disaggregation; this file stays thin.
 """
 
 from __future__ import annotations
@@ -22,10 +26,10 @@ import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
 from sglang_pd.srt.disaggregation.local_extend_attention import offset_causal_extend
+from sglang_pd.srt.disaggregation.own_kv_arena import RequestKey
 from sglang_pd.srt.disaggregation.prefix_groups import find_prefix_groups
 from sglang_pd.srt.disaggregation.shared_attention_stats import FallbackReason, SharedAttentionStats
-from sglang_pd.srt.disaggregation.shared_prefix_attention import (DEFAULT_MIN_FILL, DecodePlan, KVWorkspace,
-                                                                   build_decode_plan, shared_prefix_decode)
+from sglang_pd.srt.disaggregation.shared_prefix_attention import DEFAULT_MIN_FILL, DecodePlan, SharedPrefixDecoder
 from sglang_pd.srt.state import current
 
 BACKEND_NAME = "sglang_pd_shared_prefix"
@@ -33,6 +37,7 @@ BACKEND_NAME = "sglang_pd_shared_prefix"
 # in per-group work than they save in KV reads (bench_attention).
 MIN_SHARED_TOKENS = 16
 _KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+DEFAULT_ARENA_POOLS = 4  # default own-KV arena budget, in KV pool sizes
 
 
 def register_backend_choice() -> None:
@@ -69,9 +74,11 @@ def unsupported_runner(runner) -> str | None:
     if pool.dtype not in _KV_DTYPES:
         return f"KV cache dtype {pool.dtype}: quantised KV is not read (float32/float16/bfloat16 only)"
     if isinstance(pool, MHATokenToKVPool):
-        keys = pool.get_key_buffer(pool.start_layer)
+        keys, values = pool.get_key_buffer(pool.start_layer), pool.get_value_buffer(pool.start_layer)
         if keys.dim() != 3 or keys.shape[1] != pool.head_num:
             return f"KV buffer of shape {tuple(keys.shape)}: expected [tokens, {pool.head_num} heads, head_dim]"
+        if values.shape != keys.shape:
+            return f"value buffer {tuple(values.shape)} unlike key buffer {tuple(keys.shape)} (v_head_dim != head_dim)"
     return None
 
 
@@ -84,8 +91,10 @@ def create_backend(runner):
     problem = unsupported_runner(runner)
     if problem is not None:
         raise ValueError(f"--attention-backend {BACKEND_NAME} cannot serve this server: {problem}")
-    stats = current().shared_attention
-    backend = SharedPrefixAttnBackend(TorchNativeAttnBackend(runner), stats)
+    state = current()
+    stats = state.shared_attention
+    backend = SharedPrefixAttnBackend(TorchNativeAttnBackend(runner), stats,
+                                      arena_budget_tokens=state.settings.shared_attn_arena_tokens)
     stats.on_backend_created(BACKEND_NAME)
     return backend
 
@@ -100,20 +109,34 @@ def _layer_fallback(layer) -> FallbackReason | None:
     return None
 
 
+def _extend_fallback(layer, forward_batch) -> bool:
+    """True when an extend layer call is not plain causal self-attention over the pool."""
+    from sglang.srt.layers.radix_attention import AttentionType
+
+    return (layer.is_cross_attention or layer.attn_type == AttentionType.ENCODER_ONLY
+            or forward_batch.encoder_lens is not None
+            or (layer.sliding_window_size is not None and layer.sliding_window_size > -1))
+
+
 class SharedPrefixAttnBackend(AttentionBackend):
     """SGLang AttentionBackend: shared-prefix decode, everything else by the wrapped `inner` backend."""
 
     def __init__(self, inner, stats: SharedAttentionStats, min_shared_tokens: int = MIN_SHARED_TOKENS,
-                 min_fill: float = DEFAULT_MIN_FILL):
+                 min_fill: float = DEFAULT_MIN_FILL, arena_budget_tokens: int | None = None):
+        """`arena_budget_tokens`: own KV kept between steps (own_kv_arena.py); None: DEFAULT_ARENA_POOLS x
+        the pool's size (running own parts never exceed the pool; rows are rounded up to a power-of-two
+        width and allocated in doubling counts, so twice the pool holds them in practice)."""
         super().__init__()
         self.inner = inner
         self.stats = stats
         self.min_shared_tokens = min_shared_tokens
-        self.min_fill = min_fill
+        pool = inner.token_to_kv_pool
+        self.layer_ids = range(pool.start_layer, pool.start_layer + pool.layer_num)
+        budget = DEFAULT_ARENA_POOLS * pool.size if arena_budget_tokens is None else arena_budget_tokens
+        self.decoder = SharedPrefixDecoder(pool.layer_num, pool.head_num, pool.head_dim, budget, min_fill)
         self.plan: DecodePlan | None = None
         self.batch_fallback: FallbackReason | None = None
         self.planned_batch = None  # the ForwardBatch the plan was built for (a plan never serves another)
-        self.workspace = KVWorkspace()
 
     def init_forward_metadata(self, forward_batch) -> None:
         """Once per forward: the wrapped backend's metadata, and for decode the grouping + plan."""
@@ -129,18 +152,41 @@ class SharedPrefixAttnBackend(AttentionBackend):
             self.plan = self._plan(forward_batch)
 
     def _plan(self, forward_batch) -> DecodePlan:
+        if forward_batch.rids is None:
+            raise RuntimeError(f"{BACKEND_NAME}: decode ForwardBatch without rids: requests cannot be told apart "
+                               "between steps")
         seq_lens = (forward_batch.seq_lens_cpu if forward_batch.seq_lens_cpu is not None
                     else forward_batch.seq_lens).tolist()
         req_to_token = self.inner.req_to_token_pool.req_to_token
-        rows = req_to_token[forward_batch.req_pool_indices.to(req_to_token.device), :max(seq_lens)]
+        pool_indices = forward_batch.req_pool_indices.to(req_to_token.device)
+        rows = req_to_token[pool_indices, :max(seq_lens)]
         grouping = find_prefix_groups(rows, seq_lens, self.min_shared_tokens)
-        plan = build_decode_plan(grouping, rows, self.inner.token_to_kv_pool.head_num, self.min_fill)
-        self.stats.on_step(grouping, plan.num_padded_own_tokens)
+        keys = [RequestKey(rid, idx) for rid, idx in zip(forward_batch.rids, pool_indices.tolist())]
+        pool = self.inner.token_to_kv_pool
+        plan = self.decoder.plan(grouping, rows, keys, [pool.get_key_buffer(i) for i in self.layer_ids],
+                                 [pool.get_value_buffer(i) for i in self.layer_ids])
+        self.stats.on_step(grouping, plan, self.decoder.arena.num_tokens)
         return plan
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        """Delegated unchanged to the wrapped backend."""
-        return self.inner.forward_extend(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+        """Causal self-attention extends attend with only their new queries (offset_causal_extend, where
+        torch_native computes a query block as long as the whole sequence); anything else (cross or
+        encoder-only attention, sliding window, encoder tokens, hybrid SWA pool) is delegated unchanged."""
+        if _extend_fallback(layer, forward_batch) or self.inner.use_sliding_window_kv_pool:
+            return self.inner.forward_extend(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
+        from sglang.srt.mem_cache.memory_pool import KVWriteLoc
+
+        pool = self.inner.token_to_kv_pool
+        if save_kv_cache and k is not None and v is not None:
+            pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v)
+        q3 = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
+        out = q3.new_empty((q3.shape[0], layer.tp_q_head_num, layer.v_head_dim))
+        offset_causal_extend(q3, out, pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id),
+                             self.inner.req_to_token_pool.req_to_token, forward_batch.req_pool_indices,
+                             forward_batch.seq_lens, forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens,
+                             scaling=layer.scaling, enable_gqa=layer.tp_q_head_num != layer.tp_k_head_num)
+        self.stats.on_extend(q3.shape[0])
+        return out.reshape(q3.shape[0], layer.tp_q_head_num * layer.v_head_dim)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         """Store this step's K/V, then attend by shared prefix (or fall back, counted by reason)."""
@@ -156,8 +202,8 @@ class SharedPrefixAttnBackend(AttentionBackend):
         if save_kv_cache and k is not None and v is not None:
             pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v)
         q3 = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
-        out = shared_prefix_decode(q3, pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id),
-                                   self.plan, layer.scaling, self.workspace)
+        out = self.decoder.attend(layer.layer_id - self.layer_ids.start, q3, pool.get_key_buffer(layer.layer_id),
+                                  pool.get_value_buffer(layer.layer_id), self.plan, layer.scaling)
         return out.reshape(q3.shape[0], layer.tp_q_head_num * layer.v_head_dim)
 
     def support_triton(self):

@@ -1,0 +1,90 @@
+"""Each shared segment's KV, gathered head-major once and reused while the segment lasts.
+
+    SegmentKVCache.plan(segments, parts, pool) --one SegmentStep per segment--> each layer's keys/values
+
+A shared segment (prefix_groups.py: a system prompt, an earlier turn, a branch) is read by all its
+members in every layer of every decode step. Its KV is gathered from the pool once into a float32
+[kv heads, tokens, head_dim] tensor per layer; a later forward reuses it when the segment spans the same
+columns and slots and at least one member of it then is a member now and continuing (own_kv_arena.py
+explains why such a request held those slots all along, so their KV was not rewritten). An entry no
+forward used is dropped, so the cache holds at most the KV of the latest forward's segments.
+
+Pure torch, no SGLang import. Not thread-safe: the scheduler thread owns it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple, Sequence
+
+import torch
+
+from sglang_pd.srt.disaggregation.own_kv_arena import OwnPart, RequestKey
+from sglang_pd.srt.disaggregation.prefix_groups import SharedSegment
+
+
+@dataclass(frozen=True)
+class SegmentStep:
+    """One segment in one decode forward."""
+
+    members: torch.Tensor         # int64 [m]: batch positions
+    k: tuple[torch.Tensor, ...]   # per layer float32 [kv heads, tokens, head_dim]
+    v: tuple[torch.Tensor, ...]
+    gathered: bool                # gathered from the pool for this forward (not reused)
+
+    @property
+    def num_tokens(self) -> int:
+        """Tokens of KV the segment holds."""
+        return self.k[0].shape[1]
+
+
+class _Entry(NamedTuple):
+    slots: torch.Tensor
+    members: frozenset[RequestKey]
+    k: tuple[torch.Tensor, ...]
+    v: tuple[torch.Tensor, ...]
+
+
+class SegmentKVCache:
+    """Gathered segment KV of the latest decode forward (module docstring)."""
+
+    def __init__(self, num_kv_heads: int, head_dim: int):
+        self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
+        self._entries: dict[tuple[int, int], _Entry] = {}
+
+    def clear(self) -> None:
+        """Forget every entry."""
+        self._entries = {}
+
+    def plan(self, segments: Sequence[SharedSegment], parts: Sequence[OwnPart], pool_k: Sequence[torch.Tensor],
+             pool_v: Sequence[torch.Tensor]) -> tuple[SegmentStep, ...]:
+        """The KV of each of this forward's `segments` (of the batch whose positions `parts` describes),
+        reused or gathered from the pool buffers of every layer ([slots, kv heads, head_dim]).
+        Mutates the cache: it then holds exactly these segments."""
+        entries, steps = {}, []
+        for seg in segments:
+            members = frozenset(parts[m].key for m in seg.members)
+            entry = self._entries.get((seg.start, seg.end))
+            reuse = entry is not None and torch.equal(entry.slots, seg.slots) and any(
+                parts[m].continuing and parts[m].key in entry.members for m in seg.members)
+            if reuse:
+                entry = entry._replace(members=members)
+            else:
+                entry = _Entry(seg.slots, members, *self._gather(seg.slots, pool_k, pool_v))
+            entries[(seg.start, seg.end)] = entry
+            steps.append(SegmentStep(torch.tensor(seg.members, dtype=torch.int64), entry.k, entry.v, not reuse))
+        self._entries = entries
+        return tuple(steps)
+
+    def _gather(self, slots: torch.Tensor, pool_k: Sequence[torch.Tensor],
+                pool_v: Sequence[torch.Tensor]) -> tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...]]:
+        heads = torch.arange(self.num_kv_heads, dtype=torch.int64).view(-1, 1)
+        rows = (slots.to(torch.int64).view(1, -1) * self.num_kv_heads + heads).reshape(-1)
+        shape = (self.num_kv_heads, slots.numel(), self.head_dim)
+        take = lambda pool: pool.view(-1, self.head_dim).index_select(0, rows).view(shape).float()  # noqa: E731
+        return tuple(take(p) for p in pool_k), tuple(take(p) for p in pool_v)
+
+    @property
+    def num_tokens(self) -> int:
+        """Segment tokens held (per layer)."""
+        return sum(e.slots.numel() for e in self._entries.values())
