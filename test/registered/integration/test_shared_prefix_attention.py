@@ -1,7 +1,9 @@
-"""A PD pair whose decode server runs `--attention-backend sglang_pd_shared_prefix` (radix on, page 16):
+"""A PD pair whose servers both run `--attention-backend sglang_pd_shared_prefix` (radix on, page 16):
 greedy outputs equal a plain torch_native server's, token for token, on concurrent requests that share
-a system prompt and on a second turn nested under the first; decode really grouped them (counters on
-/sglang_pd/stats and /metrics), nothing fell back, and the pair ends clean (no lock, no page held)."""
+a system prompt and on a second turn nested under the first (one of them long enough that its own KV
+moves to a wider arena band); decode really grouped them and kept own KV in its arena, prefill's
+extends attended only their new queries (counters on /sglang_pd/stats and /metrics), nothing fell back,
+and the pair ends clean (no lock, no page held)."""
 
 import concurrent.futures as cf
 import random
@@ -16,12 +18,13 @@ pytestmark = pytest.mark.integration
 
 NUM_CLIENTS = 6
 NEW_TOKENS = 24
+LONG_TOKENS = 90  # own part > 64 tokens: its arena row moves from the 64-column band to a wider one
 
 
 @pytest.fixture(scope="module")
 def pd(tmp_path_factory):
     config = DeploymentConfig(page_size=16, with_plain=True, decode_attention_backend=BACKEND_NAME,
-                              log_dir=tmp_path_factory.mktemp("shared_prefix"))
+                              prefill_attention_backend=BACKEND_NAME, log_dir=tmp_path_factory.mktemp("shared_prefix"))
     with PDDeployment(config) as dep:
         yield dep
 
@@ -30,9 +33,9 @@ def _tokens(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(3, VOCAB_SIZE) for _ in range(n)]
 
 
-def _concurrent_pd(pd: PDDeployment, prompts: list[list[int]]) -> list[list[int]]:
+def _concurrent_pd(pd: PDDeployment, prompts: list[list[int]], lengths: list[int]) -> list[list[int]]:
     with cf.ThreadPoolExecutor(len(prompts)) as pool:
-        return list(pool.map(lambda p: pd.generate_pd(p, NEW_TOKENS)[1]["output_ids"], prompts))
+        return list(pool.map(lambda p, n: pd.generate_pd(p, n)[1]["output_ids"], prompts, lengths))
 
 
 def test_outputs_equal_a_plain_server_and_decode_reads_the_shared_prefix_once(pd: PDDeployment):
@@ -41,11 +44,12 @@ def test_outputs_equal_a_plain_server_and_decode_reads_the_shared_prefix_once(pd
     rng = random.Random(17)
     system = [1] + _tokens(rng, 159)
     pd.generate_pd(system + _tokens(rng, 3), 1)  # the system prompt is now in decode's tree
+    lengths = [LONG_TOKENS] + [NEW_TOKENS] * (NUM_CLIENTS - 1)
     turn1 = [system + _tokens(rng, 5 + 3 * i) for i in range(NUM_CLIENTS)]
-    out1 = _concurrent_pd(pd, turn1)
+    out1 = _concurrent_pd(pd, turn1, lengths)
     turn2 = [p + o + _tokens(rng, 7) for p, o in zip(turn1, out1)]  # each conversation nests under turn 1
-    out2 = _concurrent_pd(pd, turn2)
-    plain = [pd.generate(pd.plain.url, p, NEW_TOKENS)["output_ids"] for p in turn1 + turn2]
+    out2 = _concurrent_pd(pd, turn2, lengths)
+    plain = [pd.generate(pd.plain.url, p, n)["output_ids"] for p, n in zip(turn1 + turn2, lengths * 2)]
     assert out1 + out2 == plain
 
     shared = pd.scheduler_state(pd.decodes[0])["shared_attention"]
@@ -54,6 +58,15 @@ def test_outputs_equal_a_plain_server_and_decode_reads_the_shared_prefix_once(pd
     assert shared["shared_attn_decode_steps_total"] >= NEW_TOKENS
     assert shared["shared_attn_groups_total"] > 0 and shared["shared_attn_kv_reads_saved_tokens_total"] > 0
     assert set(shared["fallback_layer_calls"].values()) == {0}
+    # own KV filled into the arena once per request, not gathered per step; segments mostly reused
+    own_tokens = sum(len(p) - len(system) for p in turn1 + turn2)
+    assert 0 < shared["shared_attn_arena_filled_tokens_total"] <= own_tokens
+    assert shared["shared_attn_own_gathered_tokens_total"] == 0
+    assert shared["shared_attn_segment_gathered_tokens_total"] < shared["shared_attn_shared_tokens_total"]
+    assert shared["shared_attn_arena_tokens"] > 64  # a wider band than the first was allocated
+    prefill = pd.scheduler_state(pd.prefill)["shared_attention"]
+    assert prefill["backend"] == BACKEND_NAME and prefill["shared_attn_extend_queries_total"] > 0
+    assert prefill["shared_attn_decode_steps_total"] == 0
     metrics = PDDeployment.scrape_metrics(pd.decodes[0], "sglang_pd:shared_attn_kv_reads_saved_tokens")
     assert metrics and max(metrics.values()) == shared["shared_attn_kv_reads_saved_tokens_total"]
     pd.wait_clean()

@@ -110,20 +110,65 @@ def test_a_row_whose_slots_changed_is_refilled_from_the_pool():
     assert _counter(world, "arena_filled_tokens") == filled + (world.seq_lens[position] - 1 - 64)
 
 
-def test_a_longer_segment_masks_the_front_of_a_kept_row():
+def _branch_of(world: DecodeWorld, position: int, shared: int, own: int) -> None:
+    """A request whose row is `position`'s first `shared` slots, then `own` slots of its own."""
+    row = world.rows.req_to_token[world.row_ids[position], :shared].to(torch.int64)
+    world.add_row(torch.cat([row, world.alloc(own)]))
+
+
+@pytest.mark.parametrize("own_len, refilled", [(80, False), (40, True)])
+def test_a_longer_segment_masks_the_front_of_a_row_or_refills_a_mostly_masked_one(own_len, refilled):
     world = _world()
-    rng = random.Random(4)
-    first, _ = _group(world, rng, [40, 6])
+    first, _ = _group(world, random.Random(4), [own_len, 6])
     assert _step(world) <= TOLERANCE
     world.advance()
     filled = _counter(world, "arena_filled_tokens")
-    # a branch of request 0: its row's first 64 + 30 slots, then its own tokens
-    row0 = world.rows.req_to_token[world.row_ids[first], :64 + 30].to(torch.int64)
-    world.add_row(torch.cat([row0, world.alloc(5)]))
+    _branch_of(world, first, 64 + 30, 5)  # shares 30 of request 0's own tokens: a nested segment
     assert _step(world) <= TOLERANCE
-    step = world.stats.last_step
-    assert step.num_groups == 2  # the system prompt (all three) and the 30-token branch (requests 0 and 2)
-    assert _counter(world, "arena_filled_tokens") == filled + 4  # request 0 kept its row (front masked)
+    assert world.stats.last_step.num_groups == 2  # the system prompt (all three), the branch (0 and 2)
+    own_after = world.seq_lens[first] - 1 - (64 + 30)  # request 0's own part before this step's token
+    # kept with its 30 front columns masked while they are no more than what it reads; else refilled
+    assert _counter(world, "arena_filled_tokens") == filled + 4 + (own_after if refilled else 0)
+    for _ in range(3):
+        world.advance()
+        assert _step(world) <= TOLERANCE
+
+
+def test_the_last_request_of_a_group_keeps_its_row_and_reads_the_prefix_as_its_own_segment():
+    world = _world()
+    _group(world, random.Random(9), [12, 30])
+    assert _step(world) <= TOLERANCE
+    world.advance()
+    filled, segment = _counter(world, "arena_filled_tokens"), _counter(world, "segment_gathered_tokens")
+    world.remove(0)  # request 1 is now alone: no shared segment, its own part starts at 0
+    assert _step(world) <= TOLERANCE
+    assert world.stats.last_step.num_groups == 0
+    assert _counter(world, "arena_filled_tokens") == filled  # its row was not refilled with the prefix
+    # the prefix, now a one-member segment, is the group's cached segment: same slots, a continuing member
+    assert _counter(world, "segment_gathered_tokens") == segment
+    assert len(world.shared.plan.segments) == 1 and world.shared.plan.segments[0].members.tolist() == [0]
+    for _ in range(3):
+        world.advance()
+        assert _step(world) <= TOLERANCE
+    assert _counter(world, "segment_gathered_tokens") == segment
+
+
+def test_the_first_request_of_a_group_keeps_the_tree_prefix_out_of_its_row():
+    world = _world()
+    rng = random.Random(10)
+    system = random_tokens(64, rng)
+    world.cache_prefix(system)
+    world.add_request(world.matched_slots(system + random_tokens(3, rng)), 20)  # alone: its own part is all of it
+    assert _step(world) <= TOLERANCE
+    assert world.stats.last_step.num_groups == 0
+    assert _counter(world, "arena_filled_tokens") == 20  # the row starts after the 64 tree tokens
+    assert _counter(world, "segment_gathered_tokens") == 64  # they are read as a one-member segment
+    world.advance()
+    world.add_request(world.matched_slots(system + random_tokens(3, rng)), 9)  # the group forms
+    assert _step(world) <= TOLERANCE
+    assert world.stats.last_step.num_groups == 1
+    assert _counter(world, "arena_filled_tokens") == 20 + 9  # request 0's row was kept
+    assert _counter(world, "segment_gathered_tokens") == 64  # and the prefix segment reused
 
 
 def test_a_batch_planned_again_without_a_new_token_is_refilled():

@@ -13,12 +13,16 @@ Layout: band b holds rows of `MIN_BAND_COLUMNS * 2**b` columns, per layer a K an
 [rows, kv heads, columns, head_dim] (float32 whatever the pool's dtype). Rows 0..n-1 of a band are in
 use (a dropped row's place is taken by the band's last row), so a layer attends a band as one strided
 [n * kv heads, width, head_dim] view, width = the longest row in it: no copy, and padding stays within
-a factor 2 of each row's length. A row holds its request's KV from request position `start` on; when
-the request's own part starts later (a segment now covers more of it), the front columns are masked.
+a factor 2 of each row's length. A full row moves to the next band by an arena-to-arena copy. A row
+holds its request's KV from request position `start` on. When the request's own part now starts later
+(a segment covers more of it), the front columns are masked, as long as they are no more than the
+columns read (else the row is refilled). When it starts earlier (the request shares less than before,
+e.g. it is the last of its group still running), the row is kept and `ArenaStep.gaps` names
+[own_start, start) for the caller to attend otherwise: refilling would copy the shared prefix in.
 
 Validity, checked every forward: a row is kept only for a request that (a) was in the previous decode
-forward with seq_len one less (`continuing`, same rid and req_pool_idx), (b) still starts its own part
-at or after the row's start, and (c) whose req_to_token slots over the row are still the recorded ones.
+forward with seq_len one less (`continuing`, same rid and req_pool_idx), (b) has a masked front no
+longer than its own part, and (c) whose req_to_token slots over the row are still the recorded ones.
 A request in two consecutive decode forwards never left SGLang's running batch in between (finishing,
 aborting and retraction all leave it out of the next forward; SGLang retracts only while it keeps at
 least one request running), so it held those slots all along, and SGLang never rewrites a held slot's
@@ -54,12 +58,19 @@ class OwnPart(NamedTuple):
     key: RequestKey
     own_start: int
     seq_len: int
-    continuing: bool  # in the previous decode forward with seq_len - 1
+    continuing: bool    # in the previous decode forward with seq_len - 1
+    shareable_len: int  # a new row starts at or after this (tokens the request got from the radix tree)
 
     @property
     def num_tokens(self) -> int:
         """Own tokens, this step's included."""
         return self.seq_len - self.own_start
+
+    @property
+    def row_start(self) -> int:
+        """Where a new row for this request starts: its own part, minus what other requests may come
+        to share (the decode radix tree's part: a request alone now is often the first of a group)."""
+        return min(max(self.own_start, self.shareable_len), self.seq_len - 1)
 
 
 @dataclass(frozen=True)
@@ -81,6 +92,9 @@ class ArenaStep:
     bands: tuple[BandStep, ...]
     overflow: tuple[int, ...]  # batch positions whose own part the arena does not hold (budget)
     num_filled_tokens: int     # own tokens copied from the pool for this forward (per layer)
+    # (batch position, own_start, row start) of rows that start after their request's own part does:
+    # the caller attends [own_start, row start) some other way (a one-member segment)
+    gaps: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def num_read_tokens(self) -> int:
@@ -199,17 +213,19 @@ class OwnKVArena:
         wanted: dict[int, list[int]] = {}
         for i, part in enumerate(parts):
             if part.num_tokens > 0 and part.key not in held:
-                wanted.setdefault(band_for(part.num_tokens), []).append(i)
+                wanted.setdefault(band_for(part.seq_len - part.row_start), []).append(i)
         num_filled, overflow = 0, []
         for b, positions in sorted(wanted.items()):
             granted = self._reserve(b, len(positions))
-            new_rows = [self._append(b, parts[i].key, parts[i].own_start, parts[i].num_tokens,
-                                     rows[i, parts[i].own_start:parts[i].seq_len]) for i in positions[:granted]]
+            new_rows = [self._append(b, parts[i].key, parts[i].row_start, parts[i].seq_len - parts[i].row_start,
+                                     rows[i, parts[i].row_start:parts[i].seq_len]) for i in positions[:granted]]
             overflow += positions[granted:]
             num_filled += self._fill(b, new_rows, pool_k, pool_v)
         steps = tuple(self._band_step(b, parts, index, rows) for b, band in enumerate(self.bands) if band.owners)
         self._unwritten = set(range(self.num_layers)) if steps else set()
-        return ArenaStep(steps, tuple(sorted(overflow)), num_filled)
+        gaps = tuple(sorted((index[key], parts[index[key]].own_start, start) for band in self.bands
+                            for key, start in zip(band.owners, band.starts) if start > parts[index[key]].own_start))
+        return ArenaStep(steps, tuple(sorted(overflow)), num_filled, gaps)
 
     def _check(self, parts: Sequence[OwnPart], index: dict[RequestKey, int],
                rows: torch.Tensor) -> list[tuple[int, int]]:
@@ -232,9 +248,10 @@ class OwnKVArena:
 
     @staticmethod
     def _fits(band: _Band, row: int, part: OwnPart) -> bool:
-        """Conditions (a) and (b) of the module docstring."""
+        """Condition (a) of the module docstring, and a masked front no longer than what is read."""
         start, length = band.starts[row], band.lengths[row]
-        return part.continuing and start <= part.own_start and start + length == part.seq_len - 1
+        return (part.continuing and start + length == part.seq_len - 1
+                and part.own_start - start <= part.seq_len - part.own_start)
 
     @staticmethod
     def _same_slots(band: _Band, band_rows: list[int], positions: list[int], rows: torch.Tensor) -> list[bool]:
@@ -334,7 +351,7 @@ class OwnKVArena:
         band, heads = self.bands[b], torch.arange(self.num_kv_heads, dtype=torch.int64).view(1, -1)
         positions = torch.tensor([index[key] for key in band.owners], dtype=torch.int64)
         lengths = torch.tensor(band.lengths, dtype=torch.int64)
-        front = torch.tensor([parts[index[key]].own_start - start for key, start in zip(band.owners, band.starts)],
+        front = torch.tensor([max(0, parts[index[key]].own_start - start) for key, start in zip(band.owners, band.starts)],
                              dtype=torch.int64)
         seq_lens = torch.tensor([parts[index[key]].seq_len for key in band.owners], dtype=torch.int64)
         step_slots = rows[positions, seq_lens - 1]

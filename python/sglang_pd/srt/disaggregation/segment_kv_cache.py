@@ -3,7 +3,8 @@
     SegmentKVCache.plan(segments, parts, pool) --one SegmentStep per segment--> each layer's keys/values
 
 A shared segment (prefix_groups.py: a system prompt, an earlier turn, a branch) is read by all its
-members in every layer of every decode step. Its KV is gathered from the pool once into a float32
+members in every layer of every decode step; a one-member segment is a request's columns its arena
+row does not hold (OwnKVArena's gaps, e.g. the prefix of the last request of a group still running). Its KV is gathered from the pool once into a float32
 [kv heads, tokens, head_dim] tensor per layer; a later forward reuses it when the segment spans the same
 columns and slots and at least one member of it then is a member now and continuing (own_kv_arena.py
 explains why such a request held those slots all along, so their KV was not rewritten). An entry no
@@ -50,7 +51,7 @@ class SegmentKVCache:
 
     def __init__(self, num_kv_heads: int, head_dim: int):
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
-        self._entries: dict[tuple[int, int], _Entry] = {}
+        self._entries: dict[tuple[int, int, int, int], _Entry] = {}  # (start, end, first slot, last slot)
 
     def clear(self) -> None:
         """Forget every entry."""
@@ -61,17 +62,23 @@ class SegmentKVCache:
         """The KV of each of this forward's `segments` (of the batch whose positions `parts` describes),
         reused or gathered from the pool buffers of every layer ([slots, kv heads, head_dim]).
         Mutates the cache: it then holds exactly these segments."""
-        entries, steps = {}, []
+        entries: dict[tuple[int, int, int, int], _Entry] = {}
+        steps = []
         for seg in segments:
+            key = (seg.start, seg.end, int(seg.slots[0]), int(seg.slots[-1]))
             members = frozenset(parts[m].key for m in seg.members)
-            entry = self._entries.get((seg.start, seg.end))
+            entry = entries.get(key)  # the same slots twice in one forward: same KV, gathered once
+            if entry is not None and torch.equal(entry.slots, seg.slots):
+                steps.append(SegmentStep(torch.tensor(seg.members, dtype=torch.int64), entry.k, entry.v, False))
+                continue
+            entry = self._entries.get(key)
             reuse = entry is not None and torch.equal(entry.slots, seg.slots) and any(
                 parts[m].continuing and parts[m].key in entry.members for m in seg.members)
             if reuse:
                 entry = entry._replace(members=members)
             else:
                 entry = _Entry(seg.slots, members, *self._gather(seg.slots, pool_k, pool_v))
-            entries[(seg.start, seg.end)] = entry
+            entries[key] = entry
             steps.append(SegmentStep(torch.tensor(seg.members, dtype=torch.int64), entry.k, entry.v, not reuse))
         self._entries = entries
         return tuple(steps)

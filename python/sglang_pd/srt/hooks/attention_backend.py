@@ -22,6 +22,8 @@ unlike key heads. Logic lives in srt/disaggregation; this file stays thin.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
@@ -94,7 +96,8 @@ def create_backend(runner):
     state = current()
     stats = state.shared_attention
     backend = SharedPrefixAttnBackend(TorchNativeAttnBackend(runner), stats,
-                                      arena_budget_tokens=state.settings.shared_attn_arena_tokens)
+                                      arena_budget_tokens=state.settings.shared_attn_arena_tokens,
+                                      shareable_len=state.decode_admission.decode_prefix_len)
     stats.on_backend_created(BACKEND_NAME)
     return backend
 
@@ -122,10 +125,13 @@ class SharedPrefixAttnBackend(AttentionBackend):
     """SGLang AttentionBackend: shared-prefix decode, everything else by the wrapped `inner` backend."""
 
     def __init__(self, inner, stats: SharedAttentionStats, min_shared_tokens: int = MIN_SHARED_TOKENS,
-                 min_fill: float = DEFAULT_MIN_FILL, arena_budget_tokens: int | None = None):
+                 min_fill: float = DEFAULT_MIN_FILL, arena_budget_tokens: int | None = None,
+                 shareable_len: Callable[[str], int] = lambda rid: 0):
         """`arena_budget_tokens`: own KV kept between steps (own_kv_arena.py); None: DEFAULT_ARENA_POOLS x
-        the pool's size (running own parts never exceed the pool; rows are rounded up to a power-of-two
-        width and allocated in doubling counts, so twice the pool holds them in practice)."""
+        the pool's size (running own parts never exceed the pool; a row is rounded up to a power-of-two
+        width and rows are allocated in doubling counts, each at most doubling the memory).
+        `shareable_len(rid)`: leading tokens of the request its decode admission took from the radix
+        tree; a request's arena row starts after them (placement only; never affects results)."""
         super().__init__()
         self.inner = inner
         self.stats = stats
@@ -133,7 +139,8 @@ class SharedPrefixAttnBackend(AttentionBackend):
         pool = inner.token_to_kv_pool
         self.layer_ids = range(pool.start_layer, pool.start_layer + pool.layer_num)
         budget = DEFAULT_ARENA_POOLS * pool.size if arena_budget_tokens is None else arena_budget_tokens
-        self.decoder = SharedPrefixDecoder(pool.layer_num, pool.head_num, pool.head_dim, budget, min_fill)
+        self.decoder = SharedPrefixDecoder(pool.layer_num, pool.head_num, pool.head_dim, budget, min_fill,
+                                           shareable_len)
         self.plan: DecodePlan | None = None
         self.batch_fallback: FallbackReason | None = None
         self.planned_batch = None  # the ForwardBatch the plan was built for (a plan never serves another)
