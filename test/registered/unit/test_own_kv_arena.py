@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from sglang_pd.bench.attention_world import DecodeWorld, Geometry, random_tokens
-from sglang_pd.srt.disaggregation.own_kv_arena import MIN_BAND_COLUMNS, OwnKVArena, band_for
+from sglang_pd.srt.disaggregation.own_kv_arena import MIN_BAND_COLUMNS, OwnKVArena, band_columns, band_for
 
 pytestmark = pytest.mark.unit
 
@@ -70,12 +70,12 @@ def test_a_full_row_moves_to_a_wider_band_by_an_arena_copy():
     _group(world, random.Random(1), [MIN_BAND_COLUMNS - 1, 8])
     assert _step(world) <= TOLERANCE
     arena = _arena(world)
-    assert [len(b.owners) for b in arena.bands] == [1, 1]  # 9 tokens in band 0; 64 need the 128 band
+    assert [len(b.owners) for b in arena.bands] == [1, 1]  # 9 tokens in band 0; 64 need a wider band
     filled = _counter(world, "arena_filled_tokens")
     for _ in range(MIN_BAND_COLUMNS - 7):  # the 9-token row fills band 0's 64 columns and moves
         world.advance()
         assert _step(world) <= TOLERANCE
-    assert [len(b.owners) for b in arena.bands][:2] == [0, 2]
+    assert len(arena.bands[0].owners) == 0 and arena.num_rows == 2
     assert _counter(world, "arena_filled_tokens") == filled  # moved by copying the arena row, not refilled
 
 
@@ -231,6 +231,7 @@ def test_many_steps_with_churn_on_gqa_pages(page_size):
 
 
 def test_band_widths_leave_room_for_the_next_token():
-    assert [band_for(n) for n in (1, 62, 63, 64, 127, 128)] == [0, 0, 0, 1, 1, 2]
+    assert [band_columns(b) for b in range(6)] == [64, 96, 128, 192, 256, 384]
+    assert [band_for(n) for n in (1, 63, 64, 95, 96, 127, 128)] == [0, 0, 1, 1, 2, 2, 3]
     with pytest.raises(ValueError):
         OwnKVArena(0, 1, 1, 10)

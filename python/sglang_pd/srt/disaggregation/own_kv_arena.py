@@ -9,11 +9,12 @@ model, shared-prefix backend before the arena). Here an own part is copied once,
 joins (or moves to a wider band), and a step adds only its new token, copied from the pool after SGLang
 stored it, so the arena holds exactly what the pool holds.
 
-Layout: band b holds rows of `MIN_BAND_COLUMNS * 2**b` columns, per layer a K and a V tensor
+Layout: band b holds rows of `band_columns(b)` columns (64, 96, 128, 192, 256, ...: each 1.5 or 1.33
+times the last), per layer a K and a V tensor
 [rows, kv heads, columns, head_dim] (float32 whatever the pool's dtype). Rows 0..n-1 of a band are in
 use (a dropped row's place is taken by the band's last row), so a layer attends a band as one strided
 [n * kv heads, width, head_dim] view, width = the longest row in it: no copy, and padding stays within
-a factor 2 of each row's length. A full row moves to the next band by an arena-to-arena copy. A row
+a factor 1.5 of each row's length. A full row moves to the next band by an arena-to-arena copy. A row
 holds its request's KV from request position `start` on. When the request's own part now starts later
 (a segment covers more of it), the front columns are masked, as long as they are no more than the
 columns read (else the row is refilled). When it starts earlier (the request shares less than before,
@@ -160,11 +161,16 @@ class _Band:
             meta.pop()
 
 
+def band_columns(band: int) -> int:
+    """Columns of band `band`'s rows: MIN_BAND_COLUMNS x 1, 1.5, 2, 3, 4, 6, 8, ..."""
+    return MIN_BAND_COLUMNS * (3 if band % 2 else 2) * 2 ** (band // 2) // 2
+
+
 def band_for(num_tokens: int) -> int:
     """The narrowest band whose rows hold `num_tokens` plus the next step's token."""
-    band, columns = 0, MIN_BAND_COLUMNS
-    while columns < num_tokens + 1:
-        band, columns = band + 1, columns * 2
+    band = 0
+    while band_columns(band) < num_tokens + 1:
+        band += 1
     return band
 
 
@@ -300,7 +306,7 @@ class OwnKVArena:
         """Make room in band `b` (created if new) for up to `count` more rows, growing it once (double,
         at least MIN_BAND_ROWS and what is needed) within the budget; returns how many rows fit."""
         while len(self.bands) <= b:
-            self.bands.append(_Band(MIN_BAND_COLUMNS * 2 ** len(self.bands)))
+            self.bands.append(_Band(band_columns(len(self.bands))))
         band = self.bands[b]
         need = len(band.owners) + count - band.capacity
         if need > 0:
