@@ -1,5 +1,5 @@
-"""bench_attention on a small grid (real SGLang pools, both backends) and the `+shared` benchmark
-configuration down to the decode server's command line."""
+"""bench_attention on a small grid (real SGLang pools, all three backends) and the `+shared` benchmark
+configuration down to both PD servers' command lines."""
 
 import json
 
@@ -21,8 +21,9 @@ def test_small_grid_measures_both_backends_side_by_side(tmp_path, capsys):
     assert [(c["group_size"], c["num_groups"]) for c in cells] == [(1, 0), (4, 2), (8, 1)]
     for cell in cells:
         assert cell["max_abs_diff"] <= 1e-5
-        assert cell["plain_ms"] > 0 and cell["shared_ms"] > 0
+        assert cell["plain_ms"] > 0 and cell["gather_ms"] > 0 and cell["shared_ms"] > 0
         assert cell["ratio"] == pytest.approx(cell["plain_ms"] / cell["shared_ms"], abs=0.01)  # rounded to 0.01
+        assert cell["arena_ratio"] == pytest.approx(cell["gather_ms"] / cell["shared_ms"], abs=0.01)
     # one group of 8 reads its 32-token prefix once instead of 8 times
     assert cells[2]["plain_kv_tokens"] - cells[2]["shared_kv_tokens"] >= 7 * 32 - 8 * 8
     assert "ratio" in capsys.readouterr().out and out.with_suffix(".png").exists()
@@ -33,15 +34,19 @@ def test_bad_grid_is_refused():
         bench_attention.parse_args(["--batch", "8", "--group-sizes", "3"])
 
 
-def test_shared_config_selects_the_backend_on_decode_only():
+def test_shared_config_selects_the_backend_on_both_pd_servers():
     assert SHARED_BACKEND == BACKEND_NAME
     configs = {c.name: c for c in parse_configs("off,on,off+shared,on+shared", None, None)}
-    assert {n: (c.decode_radix, c.decode_attention_backend) for n, c in configs.items()} == {
-        "off": (False, "torch_native"), "on": (True, "torch_native"),
-        "off+shared": (False, BACKEND_NAME), "on+shared": (True, BACKEND_NAME)}
-    dep = PDDeployment(DeploymentConfig(decode_attention_backend=BACKEND_NAME, with_plain=True))
+    assert {n: (c.decode_radix, c.decode_attention_backend, c.prefill_attention_backend)
+            for n, c in configs.items()} == {
+        "off": (False, "torch_native", "torch_native"), "on": (True, "torch_native", "torch_native"),
+        "off+shared": (False, BACKEND_NAME, BACKEND_NAME), "on+shared": (True, BACKEND_NAME, BACKEND_NAME)}
+    dep = PDDeployment(DeploymentConfig(decode_attention_backend=BACKEND_NAME, prefill_attention_backend=BACKEND_NAME,
+                                        with_plain=True))
     backend_of = {s.name: s.argv[s.argv.index("--attention-backend") + 1] for s in dep.servers}
-    assert backend_of == {"prefill": "torch_native", "decode0": BACKEND_NAME, "plain": "torch_native"}
+    assert backend_of == {"prefill": BACKEND_NAME, "decode0": BACKEND_NAME, "plain": "torch_native"}
+    with pytest.raises(ValueError, match="prefill_attention_backend"):
+        DeploymentConfig(plugin=False, prefill_attention_backend=BACKEND_NAME)
 
 
 def test_identical_outputs_are_counted_against_off_or_the_first_configuration():

@@ -97,6 +97,7 @@ def test_random_sharing_trees_are_covered_exactly_and_every_segment_is_identical
     assert g.coverage_problems() == []
     for seg in g.segments:
         assert len(seg.members) >= 2
+        assert list(seg.members) == sorted(set(seg.members))  # ascending: the decoder relies on it
         for m in seg.members:
             assert rows[m, seg.start:seg.end].tolist() == seg.slots.tolist()
 

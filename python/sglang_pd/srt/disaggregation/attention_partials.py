@@ -77,14 +77,21 @@ def rows_partial(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
     return out.view(b, num_q_heads, -1), lse.view(b, num_q_heads)
 
 
-def merge_into(out: torch.Tensor, lse: torch.Tensor, index: torch.Tensor, part_out: torch.Tensor,
+def merge_into(out: torch.Tensor, lse: torch.Tensor, index: torch.Tensor | None, part_out: torch.Tensor,
                part_lse: torch.Tensor) -> None:
     """Merge a partial (part_out [k, Hq, Dv], part_lse [k, Hq], finite) into rows `index` of the
-    accumulators out [B, Hq, Dv] / lse [B, Hq] (mutates both; -inf accumulator rows are empty)."""
-    acc_out, acc_lse = out[index], lse[index]
+    accumulators out [B, Hq, Dv] / lse [B, Hq] (None: all B rows, in order; mutates both; -inf
+    accumulator rows are empty)."""
+    acc_out, acc_lse = (out, lse) if index is None else (out[index], lse[index])
     top = torch.maximum(acc_lse, part_lse)
     w_acc = torch.exp(acc_lse - top)
     w_part = torch.exp(part_lse - top)
     total = w_acc + w_part
-    out[index] = (acc_out * w_acc.unsqueeze(-1) + part_out * w_part.unsqueeze(-1)) / total.unsqueeze(-1)
-    lse[index] = top + torch.log(total)
+    merged = (acc_out * w_acc.unsqueeze(-1)).add_(part_out * w_part.unsqueeze(-1)).div_(total.unsqueeze(-1))
+    merged_lse = top.add_(torch.log(total))
+    if index is None:
+        out.copy_(merged)
+        lse.copy_(merged_lse)
+    else:
+        out[index] = merged
+        lse[index] = merged_lse

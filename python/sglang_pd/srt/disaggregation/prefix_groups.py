@@ -29,7 +29,7 @@ class SharedSegment:
 
     start: int
     end: int
-    members: tuple[int, ...]  # batch positions, at least two
+    members: tuple[int, ...]  # batch positions, ascending; at least two (find_prefix_groups)
     slots: torch.Tensor       # int64 [end - start]: the shared KV-pool indices
 
     @property

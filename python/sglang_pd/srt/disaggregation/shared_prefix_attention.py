@@ -200,7 +200,8 @@ class SharedPrefixDecoder:
             self._attend_gathered(k_buf, v_buf, qs, plan, out, lse)
         for seg in plan.segments:
             o, l = segment_partial(qs.index_select(0, seg.members), seg.k[layer], seg.v[layer])
-            merge_into(out, lse, seg.members, o, l)
+            whole = seg.members.numel() == plan.batch_size  # members are ascending: the whole batch in order
+            merge_into(out, lse, None if whole else seg.members, o, l)
         return out if q.dtype == torch.float32 else out.to(q.dtype)
 
     def _attend_gathered(self, k_buf: torch.Tensor, v_buf: torch.Tensor, qs: torch.Tensor, plan: DecodePlan,
