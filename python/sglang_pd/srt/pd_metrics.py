@@ -48,6 +48,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "local_prefill_requests_total": ("counter", "requests decode computed itself (decode-local prefill; prefill declined)"),
     "local_prefill_tokens_total": ("counter", "prompt tokens decode-local prefill computed (local extend forwards)"),
     "local_prefill_extends_total": ("counter", "local extend forwards run on decode"),
+    "local_prefill_mixed_extends_total": (
+        "counter", "local extends run inside a decode step (one mixed forward with the running requests)"),
     "local_prefill_aborted_total": ("counter", "local-prefill requests aborted before their extend (lock and pages released)"),
     "local_prefill_failed_total": ("counter", "local-prefill requests failed with their extend (answered 500, released)"),
     "local_prefill_deferred_steps_total": ("counter", "scheduler steps where queued local prefills waited (decode step first, or ITL target)"),

@@ -120,6 +120,35 @@ def test_local_and_remote_requests_in_one_batch_equal_a_plain_server(pd_local: P
     dep.wait_clean()
 
 
+def test_a_local_extend_runs_inside_the_decode_step_of_running_requests(pd_local: PDDeployment):
+    """Requests already decoding when local ones arrive: each local extend is one mixed forward with
+    their decode step (no separate extend forward holds them back); every output equals a plain server's."""
+    dep = pd_local
+    local_prompts = [_primed(dep, 600 + 10 * i) for i in range(2)]
+    remote_prompts = [[2] + _tokens(700 + i, 40) for i in range(3)]
+    before = _local(dep)
+    jobs = [in_background(dep.generate_pd, p, 160) for p in remote_prompts]
+    _wait(lambda: any(s[0] >= len(remote_prompts) for s in dep.scheduler_state(dep.decodes[0])["slo"]["recent_steps"]),
+          "the remote requests to decode side by side")
+    with cf.ThreadPoolExecutor(len(local_prompts)) as pool:
+        local_out = list(pool.map(lambda p: dep.generate_pd(p, 24)[1], local_prompts))
+    for job in jobs:
+        job["thread"].join(120)
+    assert all("resp" in job for job in jobs), [job.get("error") for job in jobs]
+    remote_out = [job["resp"][1] for job in jobs]
+    assert all(not r["meta_info"]["finish_reason"]["type"] == "abort" for r in remote_out)
+    # the running requests were still decoding when the local ones joined (160 tokens take far longer)
+    assert [d["meta_info"]["decode_prefill_path"] for d in local_out] == ["decode_local"] * 2
+    local = _local(dep)
+    assert local["num_mixed_extends"] - before["num_mixed_extends"] >= 1
+    assert local["num_extends"] - before["num_extends"] >= 1
+    outputs = [d["output_ids"] for d in local_out] + [d["output_ids"] for d in remote_out]
+    plain = [dep.generate(dep.plain.url, p, n)["output_ids"] for p, n in
+             zip(local_prompts + remote_prompts, [24, 24, 160, 160, 160])]
+    assert outputs == plain
+    dep.wait_clean()
+
+
 def test_through_the_launchers_router_one_normal_response(pd_local: PDDeployment):
     """sglang-router sends both halves; prefill's declined half answers 200 at once, so the router passes
     decode's response through: non-streaming, streaming, and with output logprobs."""

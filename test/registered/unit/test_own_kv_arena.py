@@ -230,6 +230,56 @@ def test_many_steps_with_churn_on_gqa_pages(page_size):
     assert diff <= TOLERANCE
 
 
+def _mixed_step(world: DecodeWorld, num_new: dict[int, int]) -> float:
+    """One MIXED forward (SGLang's mixed chunk): positions in `num_new` extend that many tokens, the others
+    decode one; both backends on the same q/k/v; the largest output difference."""
+    from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+
+    n = len(world.seq_lens)
+    lens = [num_new.get(i, 1) for i in range(n)]
+    seq_lens = torch.tensor(world.seq_lens)
+    rows = world.rows.req_to_token[torch.tensor(world.row_ids)]
+    out_loc = torch.cat([rows[i, seq_lens[i] - lens[i]:seq_lens[i]] for i in range(n)]).long()
+    batch = ForwardBatch(forward_mode=ForwardMode.MIXED, batch_size=n, input_ids=torch.zeros(sum(lens), dtype=torch.int64),
+                         req_pool_indices=torch.tensor(world.row_ids), seq_lens=seq_lens, out_cache_loc=out_loc,
+                         seq_lens_sum=int(seq_lens.sum()), seq_lens_cpu=seq_lens,
+                         extend_prefix_lens=seq_lens - torch.tensor(lens), extend_seq_lens=torch.tensor(lens),
+                         extend_seq_lens_cpu=lens, rids=list(world.rids))
+    g = world.geometry
+    diff = 0.0
+    for backend in (world.plain, world.shared):
+        backend.init_forward_metadata(batch)
+    for layer in world.layers:
+        q = torch.randn(sum(lens), g.num_q_heads * g.head_dim, generator=world.gen)
+        k, v = torch.randn(2, sum(lens), g.num_kv_heads, g.head_dim, generator=world.gen)
+        plain = world.plain.forward(q, k, v, layer, batch)
+        shared = world.shared.forward(q, k, v, layer, batch)
+        diff = max(diff, float((plain - shared).abs().max()))
+    return diff
+
+
+def test_a_mixed_forward_attends_its_decode_rows_by_shared_prefix_and_keeps_their_rows():
+    world = _world()
+    rng = random.Random(11)
+    _group(world, rng, [10, 20, 30])
+    assert _step(world) <= TOLERANCE
+    world.advance()
+    filled = _counter(world, "arena_filled_tokens")
+    # a local extend of 5 new tokens joins the decode step of the three running requests
+    system = world.rows.req_to_token[world.row_ids[0], :64].to(torch.int64)
+    newcomer = world.add_row(torch.cat([system, world.alloc(12)]))
+    diff = _mixed_step(world, {newcomer: 5})
+    print(f"MAXDIFF mixed {diff:.2e}")
+    assert diff <= TOLERANCE
+    plan = world.shared.plan
+    assert plan is not None and plan.batch_size == 3  # the decode rows only
+    assert _counter(world, "arena_filled_tokens") == filled  # their rows continued: nothing refilled
+    assert _counter(world, "extend_queries") == 5 * len(world.layers)
+    world.advance()
+    assert _step(world) <= TOLERANCE  # the next decode step: the three continue, the newcomer is placed
+    assert _counter(world, "arena_filled_tokens") == filled + 12
+
+
 def test_band_widths_leave_room_for_the_next_token():
     assert [band_columns(b) for b in range(6)] == [64, 96, 128, 192, 256, 384]
     assert [band_for(n) for n in (1, 63, 64, 95, 96, 127, 128)] == [0, 0, 1, 1, 2, 2, 3]

@@ -18,10 +18,12 @@ running batch (SGLang's finish path releases them); ABORTED / FAILED release the
 release path without publishing the never-computed suffix. An abort that finds the request
 EXTENDING is SGLang's running-batch abort (the request is in the extend batch); it is recorded here.
 
-Budget per scheduler step: one extend carries at most `step_tokens` uncached tokens, and while requests
-are decoding at most one extend runs between two decode steps, so a decode step never waits for more
-than one capped extend. With an ITL target the caller also passes the SLO admission's count (local
-requests join the running batch right after their extend; the step model sees the extend's tokens).
+Budget per scheduler step: one extend carries at most `step_tokens` uncached tokens. When requests are
+decoding, the extend runs inside their decode step (one MIXED forward: the extend's tokens and one
+token per decoding request, `mixed_with`), so a decode step costs its extend's tokens and no second
+forward; when it cannot be mixed (logprobs asked, nothing decoding), at most one extend runs between two
+decode steps. With an ITL target the caller also passes the SLO admission's count (local requests join
+the running batch right after their extend; the step model sees the extend's tokens).
 No SGLang import: requests are opaque objects with `rid`; tested on bare objects.
 """
 
@@ -113,8 +115,8 @@ class LocalPrefill:
     """The decode scheduler's local-prefill queue, its one in-flight extend, and their records.
 
     Mutating: `decide`, `count_fallback`, `enqueue`, `plan_extend`, `bind_extend`, `join_extend`, `abort`,
-    `fail`, `on_decode_turn`. Read-only: `enabled`, `holds`, `is_extend_batch`, `extend_in_flight`,
-    `num_pending`, `queued_records`, `record`, `snapshot`. Scheduler thread only. Counts into `counters`.
+    `fail`, `on_decode_turn`, `mixed_with`. Read-only: `enabled`, `holds`, `is_extend_batch`, `extend_in_flight`,
+    `num_extend_tokens`, `num_pending`, `queued_records`, `record`, `snapshot`. Scheduler thread only. Counts into `counters`.
     """
 
     def __init__(self, threshold: int, step_tokens: int, counters: PDCounters, max_records: int = 4096,
@@ -233,6 +235,18 @@ class LocalPrefill:
         """A decode step was scheduled: the next extend may run before the one after it."""
         self._extended_since_decode = False
 
+    def mixed_with(self, num_decoding: int) -> None:
+        """The bound extend runs inside this decode step with `num_decoding` running requests (counted;
+        it is this step's decode turn)."""
+        if self._extend_batch is None or num_decoding < 1:
+            raise LocalTransitionError(f"no extend to mix with {num_decoding} decoding requests")
+        self.counters.add("local_prefill_mixed_extends_total")
+        self.on_decode_turn()
+
+    def num_extend_tokens(self) -> int:
+        """Uncached tokens of the bound extend's requests (0 when none is in flight)."""
+        return sum(r.num_uncached for r in self._extending)
+
     # ---- exits -----------------------------------------------------------------------------------
     def abort(self, matches, lock_state_of) -> list[Any]:
         """Client abort: QUEUED requests whose rid `matches(rid)` become ABORTED and are returned (the
@@ -293,7 +307,9 @@ class LocalPrefill:
         return {
             "threshold": self.threshold, "step_tokens": self.step_tokens,
             "num_requests": count("local_prefill_requests_total"), "num_tokens": count("local_prefill_tokens_total"),
-            "num_extends": count("local_prefill_extends_total"), "num_aborted": count("local_prefill_aborted_total"),
+            "num_extends": count("local_prefill_extends_total"),
+            "num_mixed_extends": count("local_prefill_mixed_extends_total"),
+            "num_aborted": count("local_prefill_aborted_total"),
             "num_failed": count("local_prefill_failed_total"),
             "num_deferred_steps": count("local_prefill_deferred_steps_total"),
             "fallbacks": {r.value: count(f"local_prefill_fallback_{r.value}_total") for r in FallbackReason},

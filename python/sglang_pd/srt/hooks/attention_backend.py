@@ -22,7 +22,7 @@ unlike key heads. Logic lives in srt/disaggregation; this file stays thin.
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
@@ -112,6 +112,34 @@ def _layer_fallback(layer) -> FallbackReason | None:
     return None
 
 
+class MixedRows(NamedTuple):
+    """A mixed forward's rows: the one-token ones (decoding requests) and the others (extends)."""
+
+    positions: list[int]     # batch positions of one-token rows
+    tokens: list[int]        # their query rows
+    others: list[int]        # batch positions of the other rows
+    other_tokens: list[int]  # their query rows, in order
+
+    @classmethod
+    def of(cls, extend_lens: list[int]) -> "MixedRows":
+        """Split a batch whose request i computes `extend_lens[i]` new tokens."""
+        positions, tokens, others, other_tokens, start = [], [], [], [], 0
+        for i, n in enumerate(extend_lens):
+            if n == 1:
+                positions.append(i)
+                tokens.append(start)
+            else:
+                others.append(i)
+                other_tokens.extend(range(start, start + n))
+            start += n
+        return cls(positions, tokens, others, other_tokens)
+
+
+def _extend_lens(forward_batch) -> list[int]:
+    lens = getattr(forward_batch, "extend_seq_lens_cpu", None)
+    return [int(n) for n in (lens if lens is not None else forward_batch.extend_seq_lens.tolist())]
+
+
 def _extend_fallback(layer, forward_batch) -> bool:
     """True when an extend layer call is not plain causal self-attention over the pool."""
     from sglang.srt.layers.radix_attention import AttentionType
@@ -146,29 +174,38 @@ class SharedPrefixAttnBackend(AttentionBackend):
         self.planned_batch = None  # the ForwardBatch the plan was built for (a plan never serves another)
 
     def init_forward_metadata(self, forward_batch) -> None:
-        """Once per forward: the wrapped backend's metadata, and for decode the grouping + plan."""
+        """Once per forward: the wrapped backend's metadata, and for a decode forward (or the decode rows
+        of a mixed one: its one-token rows) the grouping + plan."""
         self.inner.init_forward_metadata(forward_batch)
         self.plan, self.batch_fallback, self.planned_batch = None, None, forward_batch
-        if not forward_batch.forward_mode.is_decode():
+        self.decode_rows = None
+        mode = forward_batch.forward_mode
+        if not (mode.is_decode() or mode.is_mixed()):
             return
         if forward_batch.encoder_lens is not None:
             self.batch_fallback = FallbackReason.ENCODER_LENS
         elif self.inner.use_sliding_window_kv_pool:
             self.batch_fallback = FallbackReason.SWA_KV_POOL
+        elif mode.is_decode():
+            self.plan = self._plan(forward_batch, list(range(forward_batch.batch_size)))
         else:
-            self.plan = self._plan(forward_batch)
+            self.decode_rows = MixedRows.of(_extend_lens(forward_batch))
+            if self.decode_rows.positions:
+                self.plan = self._plan(forward_batch, self.decode_rows.positions)
 
-    def _plan(self, forward_batch) -> DecodePlan:
+    def _plan(self, forward_batch, positions: list[int]) -> DecodePlan:
+        """The decode plan of batch `positions` (each attending one new token)."""
         if forward_batch.rids is None:
             raise RuntimeError(f"{BACKEND_NAME}: decode ForwardBatch without rids: requests cannot be told apart "
                                "between steps")
-        seq_lens = (forward_batch.seq_lens_cpu if forward_batch.seq_lens_cpu is not None
-                    else forward_batch.seq_lens).tolist()
+        all_seq_lens = (forward_batch.seq_lens_cpu if forward_batch.seq_lens_cpu is not None
+                        else forward_batch.seq_lens).tolist()
+        seq_lens = [all_seq_lens[i] for i in positions]
         req_to_token = self.inner.req_to_token_pool.req_to_token
-        pool_indices = forward_batch.req_pool_indices.to(req_to_token.device)
+        pool_indices = forward_batch.req_pool_indices.to(req_to_token.device)[torch.tensor(positions)]
         rows = req_to_token[pool_indices, :max(seq_lens)]
         grouping = find_prefix_groups(rows, seq_lens, self.min_shared_tokens)
-        keys = [RequestKey(rid, idx) for rid, idx in zip(forward_batch.rids, pool_indices.tolist())]
+        keys = [RequestKey(forward_batch.rids[i], idx) for i, idx in zip(positions, pool_indices.tolist())]
         pool = self.inner.token_to_kv_pool
         plan = self.decoder.plan(grouping, rows, keys, [pool.get_key_buffer(i) for i in self.layer_ids],
                                  [pool.get_value_buffer(i) for i in self.layer_ids])
@@ -177,8 +214,12 @@ class SharedPrefixAttnBackend(AttentionBackend):
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         """Causal self-attention extends attend with only their new queries (offset_causal_extend, where
-        torch_native computes a query block as long as the whole sequence); anything else (cross or
-        encoder-only attention, sliding window, encoder tokens, hybrid SWA pool) is delegated unchanged."""
+        torch_native computes a query block as long as the whole sequence); in a mixed forward the
+        one-token rows (the decoding requests) attend by shared prefix with the decode plan. Anything
+        else (cross or encoder-only attention, sliding window, encoder tokens, hybrid SWA pool) is
+        delegated unchanged."""
+        if forward_batch is not self.planned_batch:
+            raise RuntimeError(f"{BACKEND_NAME}: extend forward of a batch init_forward_metadata did not see")
         if _extend_fallback(layer, forward_batch) or self.inner.use_sliding_window_kv_pool:
             return self.inner.forward_extend(q, k, v, layer, forward_batch, save_kv_cache, **kwargs)
         from sglang.srt.mem_cache.memory_pool import KVWriteLoc
@@ -188,12 +229,33 @@ class SharedPrefixAttnBackend(AttentionBackend):
             pool.set_kv_buffer(layer, KVWriteLoc(forward_batch.out_cache_loc, None), k, v)
         q3 = q.reshape(-1, layer.tp_q_head_num, layer.qk_head_dim)
         out = q3.new_empty((q3.shape[0], layer.tp_q_head_num, layer.v_head_dim))
-        offset_causal_extend(q3, out, pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id),
-                             self.inner.req_to_token_pool.req_to_token, forward_batch.req_pool_indices,
-                             forward_batch.seq_lens, forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens,
-                             scaling=layer.scaling, enable_gqa=layer.tp_q_head_num != layer.tp_k_head_num)
-        self.stats.on_extend(q3.shape[0])
+        k_buf, v_buf = pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id)
+        rows = self.decode_rows if self.plan is not None else None
+        extend_positions = rows.others if rows is not None else list(range(forward_batch.batch_size))
+        if extend_positions:
+            self._offset_causal(q3, out, k_buf, v_buf, layer, forward_batch, extend_positions,
+                                None if rows is None else rows.other_tokens)
+        if rows is not None:
+            tokens = torch.tensor(rows.tokens, dtype=torch.int64)
+            attended = self.decoder.attend(layer.layer_id - self.layer_ids.start, q3.index_select(0, tokens), k_buf,
+                                           v_buf, self.plan, layer.scaling)
+            out.index_copy_(0, tokens, attended.to(out.dtype))
+        self.stats.on_extend(q3.shape[0] - (len(rows.tokens) if rows is not None else 0))
         return out.reshape(q3.shape[0], layer.tp_q_head_num * layer.v_head_dim)
+
+    def _offset_causal(self, q3, out, k_buf, v_buf, layer, forward_batch, positions: list[int],
+                       tokens: list[int] | None) -> None:
+        """offset_causal_extend over batch `positions` whose query rows are `tokens` (None: all, in order)."""
+        index = torch.tensor(positions, dtype=torch.int64)
+        select = (lambda t: t) if tokens is None else (lambda t: t[index.to(t.device)])  # noqa: E731
+        query = q3 if tokens is None else q3.index_select(0, torch.tensor(tokens, dtype=torch.int64))
+        output = out if tokens is None else torch.empty_like(query)
+        offset_causal_extend(query, output, k_buf, v_buf, self.inner.req_to_token_pool.req_to_token,
+                             select(forward_batch.req_pool_indices), select(forward_batch.seq_lens),
+                             select(forward_batch.extend_prefix_lens), select(forward_batch.extend_seq_lens),
+                             scaling=layer.scaling, enable_gqa=layer.tp_q_head_num != layer.tp_k_head_num)
+        if tokens is not None:
+            out.index_copy_(0, torch.tensor(tokens, dtype=torch.int64), output)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         """Store this step's K/V, then attend by shared prefix (or fall back, counted by reason)."""

@@ -3,7 +3,7 @@
     _get_new_prebuilt_batch              -> ITL-target admission cap (SloController)
     get_next_disagg_decode_batch_to_run  -> decode-local prefill: the last local extend joins the running
                                             batch once its result (first token) is processed; a new one
-                                            runs instead of this step's decode when due
+                                            runs inside this step's decode (one mixed forward) when due
 
 Without SGLANG_PD_ITL_TARGET_MS / SGLANG_PD_TTFT_TARGET_MS / SGLANG_PD_LOCAL_PREFILL_TOKENS they call
 SGLang's original unchanged.
@@ -46,8 +46,10 @@ def around_get_new_prebuilt_batch(original, scheduler, running_batch):
 # ---- decode-local prefill --------------------------------------------------------------------------
 def around_get_next_disagg_decode_batch_to_run(original, scheduler, running_batch):
     """Merge the local extend that ran into the running batch (as aggregated serving merges a prefill
-    batch) once its result is in, then run the next local extend if one is due, else SGLang's decode."""
-    from sglang.srt.managers.schedule_batch import NextBatchPlan
+    batch) once its result is in; then, if a local extend is due, run it inside this step's decode (one
+    MIXED forward, as SGLang's --enable-mixed-chunk does in aggregated serving) or, when it cannot be
+    mixed, alone; else SGLang's decode."""
+    from sglang.srt.managers.schedule_batch import NextBatchPlan, ScheduleBatch
 
     local = current().local_prefill
     if not local.enabled:
@@ -57,7 +59,25 @@ def around_get_next_disagg_decode_batch_to_run(original, scheduler, running_batc
     if batch is None:
         local.on_decode_turn()
         return original(scheduler, running_batch)
-    return NextBatchPlan(batch_to_run=batch, running_batch=running_batch)
+    if not mixable(batch, [*running_batch.reqs, *scheduler.waiting_queue], running_batch.is_empty()):
+        return NextBatchPlan(batch_to_run=batch, running_batch=running_batch)
+    plan = original(scheduler, running_batch)  # new prebuilt requests merged, finishing ones out, decode prepared
+    decode = plan.batch_to_run
+    if decode is None:  # nothing decodes this step: the extend runs alone
+        return NextBatchPlan(batch_to_run=batch, running_batch=plan.running_batch)
+    batch.mix_with_running(decode)
+    batch.decoding_reqs = decode.reqs
+    local.mixed_with(len(decode.reqs))
+    return NextBatchPlan(batch_to_run=batch, running_batch=ScheduleBatch(reqs=[], batch_is_full=decode.batch_is_full))
+
+
+def mixable(extend, decode_candidates, nothing_running: bool) -> bool:
+    """Whether a local extend can run inside the next decode step (read-only): something decodes, and
+    neither side uses what SGLang's mixed forward does not carry (logprobs, input embeddings, beams,
+    speculative decoding). `decode_candidates`: the running requests and those about to join them."""
+    return (not nothing_running and not extend.return_logprob and extend.input_embeds is None
+            and extend.spec_algorithm.is_none()
+            and not any(r.return_logprob or getattr(r, "beam_group", None) is not None for r in decode_candidates))
 
 
 def _result_processed(batch) -> bool:

@@ -129,8 +129,13 @@ def before_run_batch(scheduler, batch, pp_proxy_tensors=None):
         state.slo.on_step_start(time.perf_counter(), batch.batch_size(), sum(kv_len(r) for r in batch.reqs),
                                 bool(scheduler._sched_idled))
     elif mode == "decode" and state.local_prefill.is_extend_batch(batch):
-        state.slo.on_local_extend(int(batch.extend_num_tokens), scheduler.running_batch.batch_size(),
-                                  bool(scheduler._sched_idled))
+        decoding, idled = batch.decoding_reqs or [], bool(scheduler._sched_idled)
+        if decoding:  # a mixed forward: its decode rows are this step's batch, the extend's tokens its extra
+            state.slo.on_step_start(time.perf_counter(), len(decoding), sum(kv_len(r) for r in decoding), idled)
+            state.slo.on_local_extend(state.local_prefill.num_extend_tokens(), len(decoding), False)
+        else:
+            state.slo.on_local_extend(state.local_prefill.num_extend_tokens(), scheduler.running_batch.batch_size(),
+                                      idled)
         if any(state.faults.take(Fault.LOCAL_EXTEND_DELAY, int(r.bootstrap_room)) for r in batch.reqs):
             time.sleep(_FAULT_EXTEND_DELAY_S)
     elif mode == "prefill" and batch.forward_mode.is_extend():
