@@ -76,7 +76,8 @@ def local_breakdown(snapshot: dict | None, ttft_by_rid: dict[str, float]) -> dic
     preallocation), decided -> extend planned (`queued_ms`), extend planned -> joined the running batch
     (`extend_to_join_ms`: the extend forward and its result; the first token is streamed inside it).
     `outside_scheduler_ms` = client TTFT minus the three (HTTP, tokenizer, detokenizer, client; slightly
-    low, as the join comes a little after the first token is streamed). None when the run had no threshold."""
+    low, as the join comes a little after the first token is streamed). Also how many local extends ran
+    and how many of them inside a decode step (mixed). None when the run had no threshold."""
     if not snapshot or not snapshot.get("threshold"):
         return None
     records = {rid: r for rid, r in snapshot["requests"].items() if r["state"] == "joined"}
@@ -85,7 +86,8 @@ def local_breakdown(snapshot: dict | None, ttft_by_rid: dict[str, float]) -> dic
     values["outside_scheduler_ms"] = [1000 * ttft_by_rid[rid] - sum(r[k] for k in stages)
                                       for rid, r in records.items()
                                       if rid in ttft_by_rid and all(r.get(k) is not None for k in stages)]
-    out = {"num_joined": len(records)}
+    out = {"num_joined": len(records), "num_extends": snapshot.get("num_extends"),
+           "num_mixed_extends": snapshot.get("num_mixed_extends")}
     out.update({key: {"p50": percentile(v, 50), "p90": percentile(v, 90)} for key, v in values.items()})
     return out
 
