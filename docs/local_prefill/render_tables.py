@@ -8,14 +8,26 @@ import sys
 from pathlib import Path
 
 HERE = Path(__file__).parent
-COLUMNS = ("TTFT p50 (s)", "TTFT p90 (s)", "ITL p50 (ms)", "req/s", "served locally", "prefill tokens computed",
-           "prefill tokens computed for declined", "KV pages moved", "identical to off")
+COLUMNS = ("TTFT p50 (s)", "TTFT p90 (s)", "ITL p50 (ms)", "req/s", "served locally", "local extends (mixed)",
+           "prefill tokens computed", "prefill tokens computed for declined", "KV pages moved", "identical to off")
+
+
+def extends(r: dict) -> str:
+    """Local extends run and how many inside a decode step ('-' without a threshold; runs before the
+    mixed forward existed did not record them)."""
+    b = r.get("decode_local_prefill")
+    if not b:
+        return "-"
+    if b.get("num_extends") is None:
+        return "not recorded"
+    return f"{b['num_extends']} ({b['num_mixed_extends']})"
 
 
 def row(name: str, r: dict, identical: dict) -> str:
     same = "ref" if name == identical["reference"] else f"{identical['counts'].get(name, 0)}/{identical['num_outputs']}"
     return (f"| {name} | {r['ttft_p50_s']:.3f} | {r['ttft_p90_s']:.3f} | {r['itl_p50_ms']:.1f} | "
-            f"{r['request_throughput']:.2f} | {r['local_requests']}/{r['requests']} | {r['prefill_computed_tokens']:.0f} | "
+            f"{r['request_throughput']:.2f} | {r['local_requests']}/{r['requests']} | {extends(r)} | "
+            f"{r['prefill_computed_tokens']:.0f} | "
             f"{r['prefill_declined_computed_tokens']:.0f} | {r['kv_pages_transferred']:.0f} | {same} |")
 
 

@@ -124,8 +124,8 @@ def test_a_local_extend_runs_inside_the_decode_step_of_running_requests(pd_local
     """Requests already decoding when local ones arrive: each local extend is one mixed forward with
     their decode step (no separate extend forward holds them back); every output equals a plain server's."""
     dep = pd_local
-    local_prompts = [_primed(dep, 600 + 10 * i) for i in range(2)]
-    remote_prompts = [[2] + _tokens(700 + i, 40) for i in range(3)]
+    local_prompts = [_primed(dep, 1000 + 10 * i) for i in range(2)]  # seeds no other test here uses
+    remote_prompts = [[2] + _tokens(1100 + i, 40) for i in range(3)]
     before = _local(dep)
     jobs = [in_background(dep.generate_pd, p, 160) for p in remote_prompts]
     _wait(lambda: any(s[0] >= len(remote_prompts) for s in dep.scheduler_state(dep.decodes[0])["slo"]["recent_steps"]),
