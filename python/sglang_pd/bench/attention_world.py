@@ -69,7 +69,6 @@ class DecodeWorld:
         self.seq_lens: list[int] = []
         self.row_ids: list[int] = []
         self.rids: list[str] = []
-        self.tree_prefix_lens: dict[str, int] = {}  # rid -> leading tokens its row took from the tree
         self._next_row = 0
 
     def shared_backend(self, stats: SharedAttentionStats, arena_budget_tokens: int | None = None):
@@ -79,8 +78,7 @@ class DecodeWorld:
         from sglang_pd.srt.hooks.attention_backend import SharedPrefixAttnBackend
 
         return SharedPrefixAttnBackend(TorchNativeAttnBackend(self._runner), stats,
-                                       arena_budget_tokens=arena_budget_tokens,
-                                       shareable_len=lambda rid: self.tree_prefix_lens.get(rid, 0))
+                                       arena_budget_tokens=arena_budget_tokens)
 
     def alloc(self, num_tokens: int) -> torch.Tensor:
         """`num_tokens` fresh slots (whole pages taken) with random K/V in every layer."""
@@ -118,9 +116,7 @@ class DecodeWorld:
 
         Returns its batch position (requests are batched in the order added)."""
         row = torch.cat([prefix_slots.to(torch.int64), self.alloc(own_len + 1)])
-        position = self.add_row(row)
-        self.tree_prefix_lens[self.rids[position]] = len(prefix_slots)
-        return position
+        return self.add_row(row)
 
     def add_row(self, row: torch.Tensor) -> int:
         """A running request whose row is exactly `row` (its last slot takes this step's token)."""

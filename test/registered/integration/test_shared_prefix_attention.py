@@ -58,9 +58,9 @@ def test_outputs_equal_a_plain_server_and_decode_reads_the_shared_prefix_once(pd
     assert shared["shared_attn_decode_steps_total"] >= NEW_TOKENS
     assert shared["shared_attn_groups_total"] > 0 and shared["shared_attn_kv_reads_saved_tokens_total"] > 0
     assert set(shared["fallback_layer_calls"].values()) == {0}
-    # own KV filled into the arena once per request, not gathered per step; segments mostly reused
-    own_tokens = sum(len(p) - len(system) for p in turn1 + turn2)
-    assert 0 < shared["shared_attn_arena_filled_tokens_total"] <= own_tokens
+    # own KV copied into the arena far less than it is read (kept between steps), never gathered per
+    # step; segments mostly reused
+    assert 0 < 4 * shared["shared_attn_arena_filled_tokens_total"] < shared["shared_attn_own_tokens_total"]
     assert shared["shared_attn_own_gathered_tokens_total"] == 0
     assert shared["shared_attn_segment_gathered_tokens_total"] < shared["shared_attn_shared_tokens_total"]
     assert shared["shared_attn_arena_tokens"] > 64  # a wider band than the first was allocated

@@ -6,7 +6,7 @@ and the hook hands everything it does not serve to upstream's path."""
 import pytest
 import torch
 
-from sglang_pd.srt.disaggregation.local_extend_attention import offset_causal_extend, offset_causal_mask
+from sglang_pd.srt.disaggregation.local_extend_attention import MixedRows, offset_causal_extend, offset_causal_mask
 
 pytestmark = pytest.mark.unit
 
@@ -105,3 +105,9 @@ def test_hook_serves_only_decode_local_causal_extends(pd_state, role, threshold,
     assert (not calls) is ours
     if ours:
         assert (out - _upstream(pool, rows, query, lens, False)).abs().max().item() < 1e-5
+
+
+def test_a_mixed_forward_splits_into_one_token_rows_and_the_others():
+    rows = MixedRows.of([3, 1, 2, 1])
+    assert rows == MixedRows(positions=[1, 3], tokens=[3, 6], others=[0, 2], other_tokens=[0, 1, 2, 4, 5])
+    assert MixedRows.of([1, 1]).others == [] and MixedRows.of([4]).positions == []

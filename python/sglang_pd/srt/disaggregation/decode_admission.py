@@ -48,7 +48,7 @@ class HandoffRecord:
 class DecodePrefixAdmission:
     """Owns match+lock for decode requests and the record of plans and hand-offs.
 
-    Mutating: `match_and_lock`, `record_handoff`. Read-only: `plan_for`, `decode_prefix_len`, `snapshot`.
+    Mutating: `match_and_lock`, `record_handoff`. Read-only: `plan_for`, `snapshot`.
     Counts into `ledger.counters`. Must be called on the scheduler thread (the only thread
     touching the tree).
     """
@@ -152,11 +152,6 @@ class DecodePrefixAdmission:
         """The plan recorded for `rid` (None if unknown or dropped)."""
         record = self._records.get(rid)
         return None if record is None else record[0]
-
-    def decode_prefix_len(self, rid: str) -> int:
-        """Tokens of `rid`'s prompt its decode admission took from the radix tree (0 if unknown)."""
-        plan = self.plan_for(rid)
-        return 0 if plan is None else plan.decode_prefix_len
 
     def snapshot(self, max_recent: int = 256) -> dict:
         """JSON-able counters (from PDCounters) plus the most recent plans with their hand-offs."""

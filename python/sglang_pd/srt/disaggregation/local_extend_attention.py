@@ -1,4 +1,4 @@
-"""Extend attention for decode-local prefill on CPU: only the extend's own queries, against prefix + extend.
+"""Extend attention on CPU: only the extend's own queries, against prefix + extend.
 
 Why: SGLang's `TorchNativeAttnBackend._run_sdpa_forward_extend` builds, per request, a query of the
 whole sequence (prefix rows left uninitialised) and runs a causal SDPA of seq_len x seq_len, then
@@ -6,7 +6,10 @@ keeps the last extend_len rows. For a local extend (16-64 new tokens after a 400
 is O(seq_len^2) work for O(extend_len * seq_len) worth of rows: 32.9 ms against 5.8 ms per layer call
 for 8 requests of 16 new tokens after 430, one thread (docs/local_prefill/extend_attention_micro.json). On decode that time sits
 in front of the first token and holds back every decoding request; so decode's local extends use
-`offset_causal_extend` (srt/hooks/attention_backend.py; prefill keeps upstream's path).
+`offset_causal_extend` (srt/hooks/attention_backend.py), and so does every extend of a server running
+the sglang_pd_shared_prefix backend (a prefill server's too). `MixedRows` splits a mixed forward (a
+local extend inside a decode step) into its one-token rows, which that backend attends as decode rows,
+and the others (`offset_causal_extend_rows`).
 
 Same result as upstream's path for causal self-attention without sliding window or encoder tokens
 (the caller leaves the others to upstream): query i of a request attends to keys 0 .. prefix_len + i.
@@ -14,6 +17,8 @@ Pure torch, no SGLang import.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention
@@ -53,3 +58,46 @@ def offset_causal_extend(query: torch.Tensor, output: torch.Tensor, k_cache: tor
         output[start_q:start_q + num_q] = out.squeeze(0).movedim(0, 1)
         start_q += num_q
     return output
+
+
+def offset_causal_extend_rows(query: torch.Tensor, output: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                              req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
+                              extend_prefix_lens: torch.Tensor, extend_seq_lens: torch.Tensor, positions: list[int],
+                              tokens: list[int] | None, scaling: float | None = None,
+                              enable_gqa: bool = False) -> None:
+    """`offset_causal_extend` of batch `positions` only, whose query (and output) rows are `tokens` in
+    order (None: every request, all rows). Writes those rows of `output` (mutates it)."""
+    if tokens is None:
+        offset_causal_extend(query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
+                             extend_prefix_lens, extend_seq_lens, scaling=scaling, enable_gqa=enable_gqa)
+        return
+    index, rows = torch.tensor(positions, dtype=torch.int64), torch.tensor(tokens, dtype=torch.int64)
+    pick = lambda t: t[index.to(t.device)]  # noqa: E731
+    sub_query = query.index_select(0, rows)
+    sub_output = torch.empty_like(sub_query)
+    offset_causal_extend(sub_query, sub_output, k_cache, v_cache, req_to_token, pick(req_pool_indices), pick(seq_lens),
+                         pick(extend_prefix_lens), pick(extend_seq_lens), scaling=scaling, enable_gqa=enable_gqa)
+    output.index_copy_(0, rows, sub_output.to(output.dtype))
+
+
+class MixedRows(NamedTuple):
+    """A mixed forward's rows: the one-token ones (decoding requests) and the others (extends)."""
+
+    positions: list[int]     # batch positions of one-token rows
+    tokens: list[int]        # their query rows
+    others: list[int]        # batch positions of the other rows
+    other_tokens: list[int]  # their query rows, in order
+
+    @classmethod
+    def of(cls, extend_lens: list[int]) -> "MixedRows":
+        """Split a batch whose request i computes `extend_lens[i]` new tokens."""
+        positions, tokens, others, other_tokens, start = [], [], [], [], 0
+        for i, n in enumerate(extend_lens):
+            if n == 1:
+                positions.append(i)
+                tokens.append(start)
+            else:
+                others.append(i)
+                other_tokens.extend(range(start, start + n))
+            start += n
+        return cls(positions, tokens, others, other_tokens)

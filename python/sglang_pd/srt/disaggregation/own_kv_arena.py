@@ -17,18 +17,20 @@ use (a dropped row's place is taken by the band's last row), so a layer attends 
 a factor 1.5 of each row's length. A full row moves to the next band by an arena-to-arena copy. A row
 holds its request's KV from request position `start` on. When the request's own part now starts later
 (a segment covers more of it), the front columns are masked, as long as they are no more than the
-columns read (else the row is refilled). When it starts earlier (the request shares less than before,
-e.g. it is the last of its group still running), the row is kept and `ArenaStep.gaps` names
-[own_start, start) for the caller to attend otherwise: refilling would copy the shared prefix in.
+columns read; otherwise (a mostly masked row, or an own part that now starts earlier: the request
+shares less than before) the row is refilled, a one-time copy. (Rows never start later than the own
+part: a request's earlier turns are in the radix tree, but only that request reads them, and a
+one-member segment per request costs a matmul per request per layer.)
 
 Validity, checked every forward: a row is kept only for a request that (a) was in the previous decode
-forward with seq_len one less (`continuing`, same rid and req_pool_idx), (b) has a masked front no
-longer than its own part, and (c) whose req_to_token slots over the row are still the recorded ones.
-A request in two consecutive decode forwards never left SGLang's running batch in between (finishing,
-aborting and retraction all leave it out of the next forward; SGLang retracts only while it keeps at
-least one request running), so it held those slots all along, and SGLang never rewrites a held slot's
-KV. Everything else is refilled from the pool, and so is every row after a planned forward that did not
-write every layer (`write_step_kv` not called for a layer: a fallback or an error).
+forward with seq_len one less (`continuing`, same rid and req_pool_idx), (b) starts its own part at or
+after the row's start, masking no more columns than it reads, and (c) whose req_to_token slots over the
+row are still the recorded ones. A request in two consecutive decode forwards never left SGLang's
+running batch in between (finishing, aborting and retraction all leave it out of the next forward;
+SGLang retracts only while it keeps at least one request running), so it held those slots all along,
+and SGLang never rewrites a held slot's KV. Everything else is refilled from the pool, and so is every
+row after a planned forward that did not write every layer (`write_step_kv` not called for a layer: a
+fallback or an error).
 
 Memory: at most `budget_tokens` row columns over all bands, each 2 x kv heads x head_dim float32 per
 layer; a request that would need more is left out (`ArenaStep.overflow`: the caller gathers it from the
@@ -59,19 +61,12 @@ class OwnPart(NamedTuple):
     key: RequestKey
     own_start: int
     seq_len: int
-    continuing: bool    # in the previous decode forward with seq_len - 1
-    shareable_len: int  # a new row starts at or after this (tokens the request got from the radix tree)
+    continuing: bool  # in the previous decode forward with seq_len - 1
 
     @property
     def num_tokens(self) -> int:
         """Own tokens, this step's included."""
         return self.seq_len - self.own_start
-
-    @property
-    def row_start(self) -> int:
-        """Where a new row for this request starts: its own part, minus what other requests may come
-        to share (the decode radix tree's part: a request alone now is often the first of a group)."""
-        return min(max(self.own_start, self.shareable_len), self.seq_len - 1)
 
 
 @dataclass(frozen=True)
@@ -93,9 +88,6 @@ class ArenaStep:
     bands: tuple[BandStep, ...]
     overflow: tuple[int, ...]  # batch positions whose own part the arena does not hold (budget)
     num_filled_tokens: int     # own tokens copied from the pool for this forward (per layer)
-    # (batch position, own_start, row start) of rows that start after their request's own part does:
-    # the caller attends [own_start, row start) some other way (a one-member segment)
-    gaps: tuple[tuple[int, int, int], ...] = ()
 
     @property
     def num_read_tokens(self) -> int:
@@ -219,19 +211,17 @@ class OwnKVArena:
         wanted: dict[int, list[int]] = {}
         for i, part in enumerate(parts):
             if part.num_tokens > 0 and part.key not in held:
-                wanted.setdefault(band_for(part.seq_len - part.row_start), []).append(i)
+                wanted.setdefault(band_for(part.num_tokens), []).append(i)
         num_filled, overflow = 0, []
         for b, positions in sorted(wanted.items()):
             granted = self._reserve(b, len(positions))
-            new_rows = [self._append(b, parts[i].key, parts[i].row_start, parts[i].seq_len - parts[i].row_start,
-                                     rows[i, parts[i].row_start:parts[i].seq_len]) for i in positions[:granted]]
+            new_rows = [self._append(b, parts[i].key, parts[i].own_start, parts[i].num_tokens,
+                                     rows[i, parts[i].own_start:parts[i].seq_len]) for i in positions[:granted]]
             overflow += positions[granted:]
             num_filled += self._fill(b, new_rows, pool_k, pool_v)
         steps = tuple(self._band_step(b, parts, index, rows) for b, band in enumerate(self.bands) if band.owners)
         self._unwritten = set(range(self.num_layers)) if steps else set()
-        gaps = tuple(sorted((index[key], parts[index[key]].own_start, start) for band in self.bands
-                            for key, start in zip(band.owners, band.starts) if start > parts[index[key]].own_start))
-        return ArenaStep(steps, tuple(sorted(overflow)), num_filled, gaps)
+        return ArenaStep(steps, tuple(sorted(overflow)), num_filled)
 
     def _check(self, parts: Sequence[OwnPart], index: dict[RequestKey, int],
                rows: torch.Tensor) -> list[tuple[int, int]]:
@@ -254,10 +244,10 @@ class OwnKVArena:
 
     @staticmethod
     def _fits(band: _Band, row: int, part: OwnPart) -> bool:
-        """Condition (a) of the module docstring, and a masked front no longer than what is read."""
+        """Conditions (a) and (b) of the module docstring."""
         start, length = band.starts[row], band.lengths[row]
         return (part.continuing and start + length == part.seq_len - 1
-                and part.own_start - start <= part.seq_len - part.own_start)
+                and 0 <= part.own_start - start <= part.seq_len - part.own_start)
 
     @staticmethod
     def _same_slots(band: _Band, band_rows: list[int], positions: list[int], rows: torch.Tensor) -> list[bool]:
@@ -357,7 +347,7 @@ class OwnKVArena:
         band, heads = self.bands[b], torch.arange(self.num_kv_heads, dtype=torch.int64).view(1, -1)
         positions = torch.tensor([index[key] for key in band.owners], dtype=torch.int64)
         lengths = torch.tensor(band.lengths, dtype=torch.int64)
-        front = torch.tensor([max(0, parts[index[key]].own_start - start) for key, start in zip(band.owners, band.starts)],
+        front = torch.tensor([parts[index[key]].own_start - start for key, start in zip(band.owners, band.starts)],
                              dtype=torch.int64)
         seq_lens = torch.tensor([parts[index[key]].seq_len for key in band.owners], dtype=torch.int64)
         step_slots = rows[positions, seq_lens - 1]

@@ -3,8 +3,7 @@
     SegmentKVCache.plan(segments, parts, pool) --one SegmentStep per segment--> each layer's keys/values
 
 A shared segment (prefix_groups.py: a system prompt, an earlier turn, a branch) is read by all its
-members in every layer of every decode step; a one-member segment is a request's columns its arena
-row does not hold (OwnKVArena's gaps, e.g. the prefix of the last request of a group still running). Its KV is gathered from the pool once into a float32
+members in every layer of every decode step. Its KV is gathered from the pool once into a float32
 [kv heads, tokens, head_dim] tensor per layer; a later forward reuses it when the segment spans the same
 columns and slots and at least one member of it then is a member now and continuing (own_kv_arena.py
 explains why such a request held those slots all along, so their KV was not rewritten). An entry no

@@ -4,8 +4,7 @@
 
 For a batch whose requests share KV segments (prefix_groups.py), per layer:
 - each segment is attended by all its members' queries together (`segment_partial`), its KV read
-  from SegmentKVCache (gathered once, reused while the segment lasts), keeping the log-sum-exp; so
-  is a one-member segment covering what a request's arena row starts after (OwnKVArena's gaps);
+  from SegmentKVCache (gathered once, reused while the segment lasts), keeping the log-sum-exp;
 - each request's own part (what no segment covers) is attended from OwnKVArena in place: the rows of
   one band are one batched matmul (`rows_partial`); this step's token is first copied into the arena
   from the pool. An own part the arena's budget cannot hold is gathered from the pool into a reused
@@ -20,13 +19,13 @@ import; the plan is immutable and serves every layer of its forward. Scheduler t
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Sequence
 
 import torch
 
 from sglang_pd.srt.disaggregation.attention_partials import merge_into, rows_partial, segment_partial
 from sglang_pd.srt.disaggregation.own_kv_arena import ArenaStep, OwnKVArena, OwnPart, RequestKey
-from sglang_pd.srt.disaggregation.prefix_groups import PrefixGrouping, SharedSegment
+from sglang_pd.srt.disaggregation.prefix_groups import PrefixGrouping
 from sglang_pd.srt.disaggregation.segment_kv_cache import SegmentKVCache, SegmentStep
 
 DEFAULT_MIN_FILL = 0.8
@@ -144,12 +143,10 @@ class SharedPrefixDecoder:
     """Plans and runs shared-prefix decode attention over one KV pool's layers (module docstring)."""
 
     def __init__(self, num_layers: int, num_kv_heads: int, head_dim: int, arena_budget_tokens: int,
-                 min_fill: float = DEFAULT_MIN_FILL, shareable_len: Callable[[str], int] = lambda rid: 0):
+                 min_fill: float = DEFAULT_MIN_FILL):
         """A decoder for a KV pool of `num_layers` layers of [slots, num_kv_heads, head_dim] buffers (the
-        decoder's layer index is the position in the lists `plan` takes). `shareable_len(rid)`: how
-        many leading tokens of a request came from the radix tree (read-only; only a placement hint)."""
+        decoder's layer index is the position in the lists `plan` takes)."""
         self.num_kv_heads, self.head_dim, self.min_fill = num_kv_heads, head_dim, min_fill
-        self.shareable_len = shareable_len
         self.arena = OwnKVArena(num_layers, num_kv_heads, head_dim, arena_budget_tokens)
         self.segments = SegmentKVCache(num_kv_heads, head_dim)
         self.workspace = KVWorkspace()
@@ -163,14 +160,12 @@ class SharedPrefixDecoder:
         previous forward."""
         if len(keys) != len(grouping.seq_lens):
             raise ValueError(f"{len(keys)} request keys for a batch of {len(grouping.seq_lens)}")
-        parts = [OwnPart(key, start, seq_len, self._previous.get(key) == seq_len - 1, self.shareable_len(key.rid))
+        parts = [OwnPart(key, start, seq_len, self._previous.get(key) == seq_len - 1)
                  for key, start, seq_len in zip(keys, grouping.own_starts, grouping.seq_lens)]
         self._previous = {key: seq_len for key, seq_len in zip(keys, grouping.seq_lens)}
         arena = self.arena.plan(parts, rows, pool_k, pool_v)
         gathered, gather_rows = gathered_buckets(grouping, rows, arena.overflow, self.num_kv_heads, self.min_fill)
-        gaps = [SharedSegment(own_start, start, (i,), rows[i, own_start:start].to(torch.int64))
-                for i, own_start, start in arena.gaps]
-        segments = self.segments.plan([*grouping.segments, *gaps], parts, pool_k, pool_v)
+        segments = self.segments.plan(grouping.segments, parts, pool_k, pool_v)
         return DecodePlan(len(keys), arena, gathered, gather_rows, segments)
 
     def forget(self) -> None:

@@ -22,12 +22,11 @@ unlike key heads. Logic lives in srt/disaggregation; this file stays thin.
 
 from __future__ import annotations
 
-from typing import Callable, NamedTuple
-
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
-from sglang_pd.srt.disaggregation.local_extend_attention import offset_causal_extend
+from sglang_pd.srt.disaggregation.local_extend_attention import (MixedRows, offset_causal_extend,
+                                                                  offset_causal_extend_rows)
 from sglang_pd.srt.disaggregation.own_kv_arena import RequestKey
 from sglang_pd.srt.disaggregation.prefix_groups import find_prefix_groups
 from sglang_pd.srt.disaggregation.shared_attention_stats import FallbackReason, SharedAttentionStats
@@ -96,8 +95,7 @@ def create_backend(runner):
     state = current()
     stats = state.shared_attention
     backend = SharedPrefixAttnBackend(TorchNativeAttnBackend(runner), stats,
-                                      arena_budget_tokens=state.settings.shared_attn_arena_tokens,
-                                      shareable_len=state.decode_admission.decode_prefix_len)
+                                      arena_budget_tokens=state.settings.shared_attn_arena_tokens)
     stats.on_backend_created(BACKEND_NAME)
     return backend
 
@@ -110,29 +108,6 @@ def _layer_fallback(layer) -> FallbackReason | None:
     if layer.logit_cap and layer.logit_cap > 0:
         return FallbackReason.LOGIT_CAP
     return None
-
-
-class MixedRows(NamedTuple):
-    """A mixed forward's rows: the one-token ones (decoding requests) and the others (extends)."""
-
-    positions: list[int]     # batch positions of one-token rows
-    tokens: list[int]        # their query rows
-    others: list[int]        # batch positions of the other rows
-    other_tokens: list[int]  # their query rows, in order
-
-    @classmethod
-    def of(cls, extend_lens: list[int]) -> "MixedRows":
-        """Split a batch whose request i computes `extend_lens[i]` new tokens."""
-        positions, tokens, others, other_tokens, start = [], [], [], [], 0
-        for i, n in enumerate(extend_lens):
-            if n == 1:
-                positions.append(i)
-                tokens.append(start)
-            else:
-                others.append(i)
-                other_tokens.extend(range(start, start + n))
-            start += n
-        return cls(positions, tokens, others, other_tokens)
 
 
 def _extend_lens(forward_batch) -> list[int]:
@@ -153,13 +128,10 @@ class SharedPrefixAttnBackend(AttentionBackend):
     """SGLang AttentionBackend: shared-prefix decode, everything else by the wrapped `inner` backend."""
 
     def __init__(self, inner, stats: SharedAttentionStats, min_shared_tokens: int = MIN_SHARED_TOKENS,
-                 min_fill: float = DEFAULT_MIN_FILL, arena_budget_tokens: int | None = None,
-                 shareable_len: Callable[[str], int] = lambda rid: 0):
+                 min_fill: float = DEFAULT_MIN_FILL, arena_budget_tokens: int | None = None):
         """`arena_budget_tokens`: own KV kept between steps (own_kv_arena.py); None: DEFAULT_ARENA_POOLS x
-        the pool's size (running own parts never exceed the pool; a row is rounded up to a power-of-two
-        width and rows are allocated in doubling counts, each at most doubling the memory).
-        `shareable_len(rid)`: leading tokens of the request its decode admission took from the radix
-        tree; a request's arena row starts after them (placement only; never affects results)."""
+        the pool's size (running own parts never exceed the pool; a row's width is rounded up by at most
+        1.5x and rows are allocated in doubling counts)."""
         super().__init__()
         self.inner = inner
         self.stats = stats
@@ -167,8 +139,7 @@ class SharedPrefixAttnBackend(AttentionBackend):
         pool = inner.token_to_kv_pool
         self.layer_ids = range(pool.start_layer, pool.start_layer + pool.layer_num)
         budget = DEFAULT_ARENA_POOLS * pool.size if arena_budget_tokens is None else arena_budget_tokens
-        self.decoder = SharedPrefixDecoder(pool.layer_num, pool.head_num, pool.head_dim, budget, min_fill,
-                                           shareable_len)
+        self.decoder = SharedPrefixDecoder(pool.layer_num, pool.head_num, pool.head_dim, budget, min_fill)
         self.plan: DecodePlan | None = None
         self.batch_fallback: FallbackReason | None = None
         self.planned_batch = None  # the ForwardBatch the plan was built for (a plan never serves another)
@@ -246,16 +217,10 @@ class SharedPrefixAttnBackend(AttentionBackend):
     def _offset_causal(self, q3, out, k_buf, v_buf, layer, forward_batch, positions: list[int],
                        tokens: list[int] | None) -> None:
         """offset_causal_extend over batch `positions` whose query rows are `tokens` (None: all, in order)."""
-        index = torch.tensor(positions, dtype=torch.int64)
-        select = (lambda t: t) if tokens is None else (lambda t: t[index.to(t.device)])  # noqa: E731
-        query = q3 if tokens is None else q3.index_select(0, torch.tensor(tokens, dtype=torch.int64))
-        output = out if tokens is None else torch.empty_like(query)
-        offset_causal_extend(query, output, k_buf, v_buf, self.inner.req_to_token_pool.req_to_token,
-                             select(forward_batch.req_pool_indices), select(forward_batch.seq_lens),
-                             select(forward_batch.extend_prefix_lens), select(forward_batch.extend_seq_lens),
-                             scaling=layer.scaling, enable_gqa=layer.tp_q_head_num != layer.tp_k_head_num)
-        if tokens is not None:
-            out.index_copy_(0, torch.tensor(tokens, dtype=torch.int64), output)
+        offset_causal_extend_rows(q3, out, k_buf, v_buf, self.inner.req_to_token_pool.req_to_token,
+                                  forward_batch.req_pool_indices, forward_batch.seq_lens,
+                                  forward_batch.extend_prefix_lens, forward_batch.extend_seq_lens, positions, tokens,
+                                  scaling=layer.scaling, enable_gqa=layer.tp_q_head_num != layer.tp_k_head_num)
 
     def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
         """Store this step's K/V, then attend by shared prefix (or fall back, counted by reason)."""

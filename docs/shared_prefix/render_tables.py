@@ -1,0 +1,124 @@
+"""Markdown tables of README's "Shared-prefix decode attention" section, read from the stored JSONs (no
+figure typed by hand).
+
+    .venv/bin/python docs/shared_prefix/render_tables.py
+"""
+
+import json
+import statistics
+from collections import defaultdict
+from pathlib import Path
+
+HERE = Path(__file__).parent
+
+
+def load(name: str) -> dict:
+    return json.loads((HERE / name).read_text())
+
+
+def attention_table(name: str) -> str:
+    """bench_attention cells: plain / gather / shared ms per step, ratios, KV read, max diff."""
+    lines = ["| requests per group | shared prefix | groups | torch_native ms/step | gather ms/step | shared ms/step "
+             "| torch_native / shared | gather / shared | shared's first step (fills the arena) ms "
+             "| KV tokens read per layer (torch_native / shared) | max abs diff |", "|---" * 11 + "|"]
+    for c in load(name)["cells"]:
+        lines.append(f"| {c['group_size']} | {c['prefix_len']} | {c['num_groups']} | {c['plain_ms']:.1f} | "
+                     f"{c['gather_ms']:.1f} | {c['shared_ms']:.1f} | {c['ratio']:.2f}x | {c['arena_ratio']:.2f}x | "
+                     f"{c['first_step_ms']:.0f} | {c['plain_kv_tokens']} / {c['shared_kv_tokens']} | "
+                     f"{c['max_abs_diff']:.1e} |")
+    return "\n".join(lines)
+
+
+ROWS = [("ttft_p50_s", "TTFT p50 (s)", "{:.3f}", "down"), ("ttft_p90_s", "TTFT p90 (s)", "{:.3f}", "down"),
+        ("itl_mean_ms", "ITL mean (ms)", "{:.1f}", "down"), ("itl_p50_ms", "ITL p50 (ms)", "{:.1f}", "down"),
+        ("request_throughput", "request throughput (req/s)", "{:.2f}", "up"),
+        ("output_token_throughput", "output throughput (tok/s)", "{:.1f}", "up"),
+        ("decode_hit_rate", "decode hit rate", "{:.3f}", None),
+        ("kv_pages_transferred", "KV pages transferred", "{:.0f}", None)]
+
+
+def ratio(a: float, b: float, direction: str) -> str:
+    """How much better b is than a ('down': smaller is better)."""
+    if not a or not b:
+        return ""
+    r = a / b if direction == "down" else b / a
+    return f"{r:.2f}x better" if r >= 1 else f"{1 / r:.2f}x worse"
+
+
+def step_at(result: dict, lo: int, hi: int) -> str:
+    """Median decode step (launch to launch) with lo..hi running requests, from the stored samples."""
+    samples = [s[2] * 1000 for s in result["decode_slo"]["recent_steps"] if lo <= s[0] <= hi]
+    return f"{statistics.median(samples):.1f} ({len(samples)})" if samples else "-"
+
+
+def capacity_table(name: str, columns: list[tuple[str, str]]) -> str:
+    """One column per configuration plus ratio columns (label, 'a vs b')."""
+    report = load(name)
+    results = report["results"]
+    configs = list(results)
+    head = "| metric | " + " | ".join(configs) + " | " + " | ".join(label for label, _ in columns) + " |"
+    lines = [head, "|---" * (1 + len(configs) + len(columns)) + "|"]
+    for key, label, fmt, direction in ROWS:
+        cells = [fmt.format(results[c][key]) for c in configs]
+        ratios = [ratio(results[b][key], results[a][key], direction) if direction else ""
+                  for _, pair in columns for a, b in [pair.split(" vs ")]]
+        lines.append(f"| {label} | " + " | ".join(cells) + " | " + " | ".join(ratios) + " |")
+    for lo, hi in ((24, 32), (1, 8)):
+        cells = [step_at(results[c], lo, hi) for c in configs]
+        lines.append(f"| decode step with {lo}-{hi} running, median ms (samples) | " + " | ".join(cells)
+                     + " |" + " |" * len(columns))
+    ident = report["identical_outputs"]
+    lines.append("")
+    lines.append("Identical greedy outputs vs " + ident["reference"] + ": " + ", ".join(
+        f"{n} {k}/{ident['num_outputs']}" for n, k in ident["counts"].items()))
+    return "\n".join(lines)
+
+
+def repeats_table(names: list[str]) -> str:
+    """off vs on+shared over repeated runs: the goals' ratios per run."""
+    lines = ["| run | ITL p50 off / on+shared (ms) | on+shared ITL vs off | TTFT p50 off / on+shared (s) | TTFT gain "
+             "| req/s off / on+shared | throughput gain | identical outputs |", "|---" * 8 + "|"]
+    for name in names:
+        report = load(name)
+        off, shared = report["results"]["off"], report["results"]["on+shared"]
+        ident = report["identical_outputs"]
+        lines.append(f"| {name} | {off['itl_p50_ms']:.1f} / {shared['itl_p50_ms']:.1f} | "
+                     f"{ratio(off['itl_p50_ms'], shared['itl_p50_ms'], 'down')} | {off['ttft_p50_s']:.3f} / "
+                     f"{shared['ttft_p50_s']:.3f} | {off['ttft_p50_s'] / shared['ttft_p50_s']:.2f}x | "
+                     f"{off['request_throughput']:.2f} / {shared['request_throughput']:.2f} | "
+                     f"{shared['request_throughput'] / off['request_throughput']:.2f}x | "
+                     f"{ident['counts']['on+shared']}/{ident['num_outputs']} |")
+    return "\n".join(lines)
+
+
+def counters(name: str, config: str) -> dict:
+    """The decode server's shared-attention counters of one configuration."""
+    return {k: v for k, v in load(name)["results"][config]["decode_shared_attention"].items() if k.endswith("total")}
+
+
+def step_model(name: str) -> str:
+    """The SLO step-time fit of each configuration of a run."""
+    lines = ["| config | intercept (ms) | per running request (ms) | per 1,000 KV tokens (ms) | samples |",
+             "|---|---|---|---|---|"]
+    for config, r in load(name)["results"].items():
+        fit = r["decode_slo"]["step_model"]
+        if not fit or fit.get("intercept") is None:
+            continue
+        lines.append(f"| {config} | {1000 * fit['intercept']:.1f} | {1000 * fit['slopes'][0]:.2f} | "
+                     f"{1000 * fit['slopes'][1]:.2f} | {fit['num_samples']} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    for name in ("bench_attention.json", "bench_attention_scatter.json", "bench_attention_smollm2.json"):
+        print(f"\n## {name}\n\n{attention_table(name)}")
+    print("\n## bench_multiturn_capacity.json\n")
+    print(capacity_table("bench_multiturn_capacity.json", [("on+shared vs off", "on+shared vs off"),
+                                                           ("on+shared vs on", "on+shared vs on"),
+                                                           ("off+shared vs off", "off+shared vs off")]))
+    print("\n## step model\n\n" + step_model("bench_multiturn_capacity.json"))
+    print("\n## counters on+shared\n\n" + json.dumps(counters("bench_multiturn_capacity.json", "on+shared")))
+    print("\n## repeats\n\n" + repeats_table(["bench_multiturn_capacity.json", "repeats/run2/bench_multiturn_capacity.json",
+                                              "repeats/run3/bench_multiturn_capacity.json"]))
+    for name in ("smollm2/bench_multiturn_short.json", "smollm2_16clients/bench_multiturn_short.json"):
+        print(f"\n## {name}\n\n" + capacity_table(name, [("on+shared vs on", "on+shared vs on")]))
