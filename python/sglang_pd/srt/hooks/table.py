@@ -173,8 +173,8 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
     HookSpec(
         f"{_DISAGG}.decode.SchedulerDisaggregationDecodeMixin.get_next_disagg_decode_batch_to_run", "AROUND",
         decode_scheduler.around_get_next_disagg_decode_batch_to_run, ProcessKind.SCHEDULER,
-        "the local extend that ran joins the running batch; the next one (capped tokens, at most one per "
-        "decode step) runs in place of this step's decode when due"),
+        "the local extend that ran joins the running batch; the next one (capped tokens) runs inside this "
+        "step's decode (one mixed forward) when requests are decoding, else alone (at most one per decode step)"),
     HookSpec(
         "sglang.srt.managers.schedule_batch.alloc_for_extend", "AROUND", schedule_batch.around_alloc_for_extend,
         ProcessKind.SCHEDULER, "a local extend writes into the pages decode preallocated (no second allocation)"),
@@ -264,8 +264,8 @@ REGISTRY_TABLE: tuple[RegistrySpec, ...] = (
     RegistrySpec(
         "sglang.srt.layers.attention.attention_registry.ATTENTION_BACKENDS", attention_backend.register_backend_factory,
         (ProcessKind.SCHEDULER,),
-        "the model runner builds sglang_pd_shared_prefix by name: decode by shared physical prefix around "
-        "TorchNativeAttnBackend"),
+        "the model runner builds sglang_pd_shared_prefix by name: decode by shared physical prefix (own KV "
+        "kept between steps), extends with only their new queries, around TorchNativeAttnBackend"),
 )
 
 
