@@ -64,6 +64,11 @@ def test_outputs_equal_a_plain_server_and_decode_reads_the_shared_prefix_once(pd
     assert shared["shared_attn_own_gathered_tokens_total"] == 0
     assert shared["shared_attn_segment_gathered_tokens_total"] < shared["shared_attn_shared_tokens_total"]
     assert shared["shared_attn_arena_tokens"] > 64  # a wider band than the first was allocated
+    arena = shared["arena"]
+    assert arena["allocated_tokens"] == shared["shared_attn_arena_tokens"] <= arena["budget_tokens"]
+    # rows are dropped at the next decode forward: the last step's requests may still hold theirs (a copy;
+    # never read again, as they will not continue); a row moved to a wider band
+    assert arena["rows"] <= shared["last_step"]["batch_size"] and len(arena["bands"]) >= 2
     prefill = pd.scheduler_state(pd.prefill)["shared_attention"]
     assert prefill["backend"] == BACKEND_NAME and prefill["shared_attn_extend_queries_total"] > 0
     assert prefill["shared_attn_decode_steps_total"] == 0

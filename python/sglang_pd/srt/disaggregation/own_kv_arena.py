@@ -380,7 +380,7 @@ class OwnKVArena:
         return view(band.k[layer]), view(band.v[layer])
 
     def snapshot(self) -> dict:
-        """JSON-able view (read-only)."""
+        """JSON-able view for /sglang_pd/stats (read-only): budget, allocation, rows per band."""
         return {"budget_tokens": self.budget_tokens, "allocated_tokens": self.num_tokens, "rows": self.num_rows,
                 "bands": [{"columns": b.columns, "rows_allocated": b.capacity, "rows_in_use": len(b.owners)}
                           for b in self.bands]}

@@ -52,10 +52,6 @@ class SegmentKVCache:
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self._entries: dict[tuple[int, int, int, int], _Entry] = {}  # (start, end, first slot, last slot)
 
-    def clear(self) -> None:
-        """Forget every entry."""
-        self._entries = {}
-
     def plan(self, segments: Sequence[SharedSegment], parts: Sequence[OwnPart], pool_k: Sequence[torch.Tensor],
              pool_v: Sequence[torch.Tensor]) -> tuple[SegmentStep, ...]:
         """The KV of each of this forward's `segments` (of the batch whose positions `parts` describes),
@@ -89,8 +85,3 @@ class SegmentKVCache:
         shape = (self.num_kv_heads, slots.numel(), self.head_dim)
         take = lambda pool: pool.view(-1, self.head_dim).index_select(0, rows).view(shape).float()  # noqa: E731
         return tuple(take(p) for p in pool_k), tuple(take(p) for p in pool_v)
-
-    @property
-    def num_tokens(self) -> int:
-        """Segment tokens held (per layer)."""
-        return sum(e.slots.numel() for e in self._entries.values())

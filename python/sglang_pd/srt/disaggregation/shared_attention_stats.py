@@ -8,7 +8,7 @@ Scheduler thread only.
 from __future__ import annotations
 
 import enum
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 from sglang_pd.srt.disaggregation.prefix_groups import PrefixGrouping
 
@@ -74,11 +74,14 @@ class SharedAttentionStats:
     def __init__(self, counters):
         self.counters = counters
         self.backend: str | None = None  # set when this process created the backend
+        self._arena_view: Callable[[], dict] | None = None
         self.last_step: StepSummary | None = None
 
-    def on_backend_created(self, name: str) -> None:
-        """The attention backend `name` serves this process (mutates)."""
+    def on_backend_created(self, name: str, arena_view: Callable[[], dict] | None = None) -> None:
+        """The attention backend `name` serves this process; `arena_view()` describes its own-KV arena
+        for /sglang_pd/stats (mutates)."""
         self.backend = name
+        self._arena_view = arena_view
 
     def on_step(self, grouping: PrefixGrouping, plan, arena_tokens: int) -> StepSummary:
         """One decode forward was planned with `grouping` into `plan` (a shared_prefix_attention
@@ -116,5 +119,6 @@ class SharedAttentionStats:
             "backend": self.backend,
             "last_step": None if self.last_step is None else self.last_step._asdict(),
             "fallback_layer_calls": {r.value: values[fallback_metric(r)] for r in FallbackReason},
+            "arena": None if self._arena_view is None else self._arena_view(),
             **{name: values[name] for name in SHARED_ATTENTION_METRICS if not name.startswith("shared_attn_fallback")},
         }

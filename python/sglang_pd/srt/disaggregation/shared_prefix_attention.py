@@ -168,12 +168,6 @@ class SharedPrefixDecoder:
         segments = self.segments.plan(grouping.segments, parts, pool_k, pool_v)
         return DecodePlan(len(keys), arena, gathered, gather_rows, segments)
 
-    def forget(self) -> None:
-        """Drop everything kept across forwards (the next plan refills from the pool)."""
-        self._previous = {}
-        self.arena.clear()
-        self.segments.clear()
-
     def attend(self, layer: int, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, plan: DecodePlan,
                scale: float) -> torch.Tensor:
         """Decode attention of q [B, Hq, D] for decoder layer `layer` whose pool buffers are k_buf /

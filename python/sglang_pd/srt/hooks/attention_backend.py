@@ -96,7 +96,7 @@ def create_backend(runner):
     stats = state.shared_attention
     backend = SharedPrefixAttnBackend(TorchNativeAttnBackend(runner), stats,
                                       arena_budget_tokens=state.settings.shared_attn_arena_tokens)
-    stats.on_backend_created(BACKEND_NAME)
+    stats.on_backend_created(BACKEND_NAME, backend.decoder.arena.snapshot)
     return backend
 
 
