@@ -16,8 +16,8 @@ from collections import Counter
 from pathlib import Path
 
 CATEGORIES = [  # first match wins, in this order
-    ("rows_partial", "attention: own parts (arena bmm)"),
-    ("segment_partial", "attention: segments"),
+    ("rows_partial", "attention: own parts (arena, fused kernel)"),
+    ("segment_partial", "attention: segments (fused kernel)"),
     ("write_step_kv", "attention: step token into arena"),
     ("forward_decode", "attention: other (merge, set_kv, accumulators)"),
     ("init_forward_metadata", "attention: plan (grouping, arena keep/fill/move)"),

@@ -6,7 +6,7 @@ import random
 import pytest
 import torch
 
-from sglang_pd.srt.disaggregation.attention_partials import merge_into, rows_partial, segment_partial
+from sglang_pd.srt.disaggregation.attention_partials import merge, merge_into, rows_partial, segment_partial
 from sglang_pd.srt.disaggregation.prefix_groups import find_prefix_groups
 from sglang_pd.srt.disaggregation.shared_prefix_attention import bucket_by_length
 
@@ -136,7 +136,7 @@ def test_segment_plus_own_parts_merge_to_full_attention(heads):
         n = own[i].shape[1]
         pad_k[i, :, front:front + n], pad_v[i, :, front:front + n] = own[i][0].transpose(0, 1), own[i][1].transpose(0, 1)
         bias[i, ..., front:front + n] = 0.0
-    o, l = rows_partial(q[:2], pad_k.view(2 * num_kv, width, 8), pad_v.view(2 * num_kv, width, 8), bias)
+    o, l = rows_partial(q[:2], pad_k, pad_v, bias)
     out[:2], lse[:2] = o, l
     o, l = segment_partial(q, shared_k.transpose(0, 1).contiguous(), shared_v.transpose(0, 1).contiguous())
     merge_into(out, lse, torch.arange(3), o, l)
@@ -144,6 +144,29 @@ def test_segment_plus_own_parts_merge_to_full_attention(heads):
         keys = torch.cat([shared_k, own[i][0]])
         values = torch.cat([shared_v, own[i][1]])
         assert torch.allclose(out[i], _attention(q[i], keys, values), atol=1e-5)
+
+
+@pytest.mark.parametrize("shift", [0.0, 40.0, -40.0], ids=["close", "first-dominates", "second-dominates"])
+def test_merge_of_two_partials_is_attention_over_both_key_sets(shift):
+    """The lerp/softplus merge against softmax over the union, also when one side's scores dwarf the
+    other's (sigmoid saturates, softplus switches to its linear branch), and an empty accumulator."""
+    gen = torch.Generator().manual_seed(1)
+    q = torch.randn(2, 4, 8, generator=gen)
+    ka, va = torch.randn(2, 9, 4, 8, generator=gen)
+    kb, vb = torch.randn(2, 6, 4, 8, generator=gen)
+    va = va + shift  # values differ per side, so a wrong weight shows in the output
+    ka = ka * (1 + abs(shift) / 8) if shift > 0 else ka
+    kb = kb * (1 + abs(shift) / 8) if shift < 0 else kb
+    o_a, l_a = segment_partial(q, ka.transpose(0, 1).contiguous(), va.transpose(0, 1).contiguous())
+    o_b, l_b = segment_partial(q, kb.transpose(0, 1).contiguous(), vb.transpose(0, 1).contiguous())
+    out, lse = merge(o_a, l_a, o_b, l_b)
+    full_k, full_v = torch.cat([ka, kb]), torch.cat([va, vb])
+    for i in range(2):
+        assert torch.allclose(out[i], _attention(q[i], full_k, full_v), atol=1e-5, rtol=1e-5)
+    scores = torch.einsum("qhd,nhd->qhn", q, full_k)
+    assert torch.allclose(lse, torch.logsumexp(scores, dim=-1), atol=1e-5, rtol=1e-6)
+    empty_out, empty_lse = merge(torch.zeros_like(o_b), torch.full_like(l_b, float("-inf")), o_b, l_b)
+    assert torch.equal(empty_out, o_b) and torch.equal(empty_lse, l_b)
 
 
 def test_buckets_keep_padding_within_the_fill_bound_and_skip_empty_parts():

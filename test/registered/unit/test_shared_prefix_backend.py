@@ -221,6 +221,19 @@ def test_registered_by_name_and_refused_where_it_cannot_serve():
             ab.create_backend(SimpleNamespace(**{**vars(runner), **change}))
 
 
+def test_refused_on_a_torch_without_the_fused_cpu_attention_kernel(monkeypatch):
+    """The partials run a torch-internal kernel: a torch without it is refused at start-up, by name."""
+    from sglang_pd.srt.disaggregation import attention_partials
+
+    world = _world("mha", 1)
+    runner = SimpleNamespace(device="cpu", use_mla_backend=False, req_to_token_pool=world.rows,
+                             token_to_kv_pool=world.kv)
+    assert ab.unsupported_runner(runner) is None
+    monkeypatch.setattr(attention_partials, "_KERNEL_NAME", "_no_such_kernel_for_cpu")
+    with pytest.raises(ValueError, match="_no_such_kernel_for_cpu"):
+        ab.create_backend(runner)
+
+
 def test_metric_names_stay_distinct_once_prometheus_drops_the_total_suffix():
     from sglang_pd.srt.pd_metrics import METRICS
 

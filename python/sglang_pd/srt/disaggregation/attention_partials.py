@@ -4,17 +4,23 @@ A partial result over a subset of a query's keys is (o, lse): the softmax-weight
 values and the log-sum-exp of those scores. Two partials over disjoint key sets merge exactly into
 the result over their union:
 
-    lse = log(exp(lse_a) + exp(lse_b)),  o = (exp(lse_a - lse) o_a + exp(lse_b - lse) o_b)
+    lse = lse_b + softplus(lse_a - lse_b),  o = o_b + sigmoid(lse_a - lse_b) (o_a - o_b)
 
-An empty key set is the partial (o = 0, lse = -inf), which the merge leaves out.
+(the usual exp-weighted form rewritten so that the merge is a lerp). An empty key set is the partial
+(o = 0, lse = -inf), which the merge leaves out.
 
 Shapes: q [num_queries, num_q_heads, head_dim] already multiplied by the softmax scale; query head h
-reads kv head h // (num_q_heads / num_kv_heads) (GQA/MQA). Keys and values are laid out so that every
-score and output product is one batched matmul over contiguous [tokens, head_dim] matrices (measured
-~3x faster on CPU than reading the pool's token-major rows through strided views):
+reads kv head h // (num_q_heads / num_kv_heads) (GQA/MQA). Keys and values:
 - a shared segment HEAD-major, [num_kv_heads, tokens, head_dim]: all members' queries against it;
-- requests' own parts REQUEST-major, [requests * num_kv_heads, width, head_dim] (row r * Hkv + h is
-  request r's kv head h; a strided view of a wider buffer is fine), each row against its own keys.
+- requests' own parts REQUEST-major, [requests, num_kv_heads, width, head_dim] (a strided view of a
+  wider buffer is fine), each request against its own keys.
+
+Both partials run torch's fused CPU attention kernel (`aten::_scaled_dot_product_flash_attention_for_cpu`,
+the kernel `scaled_dot_product_attention` dispatches to on CPU, which also returns the log-sum-exp
+this merge needs): one call replaces the ~10 tensor ops of a matmul + softmax + matmul and reads the
+keys and values in cache-sized blocks. It is a torch-internal op: the backend refuses to start when
+the installed torch lacks it (`missing_kernel`); unit tests compare every partial with plain softmax
+attention.
 All tensors float32. Pure torch, read-only on its inputs except `merge_into`, which updates its
 accumulators in place.
 """
@@ -22,6 +28,24 @@ accumulators in place.
 from __future__ import annotations
 
 import torch
+
+_KERNEL_NAME = "_scaled_dot_product_flash_attention_for_cpu"
+
+
+def missing_kernel() -> str | None:
+    """Why the fused CPU attention kernel cannot be used with this torch, or None."""
+    if not hasattr(torch.ops.aten, _KERNEL_NAME):
+        return f"torch {torch.__version__} has no aten::{_KERNEL_NAME} (the fused CPU attention kernel)"
+    return None
+
+
+def _attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
+            mask: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """q [B, H, M, D], keys/values [B, H, N, D] (mask broadcastable to [B, H, M, N], additive):
+    (softmax(q k^T + mask) v [B, H, M, Dv], logsumexp [B, H, M]); q carries the scale."""
+    kernel = getattr(torch.ops.aten, _KERNEL_NAME)
+    out, lse = kernel(q, keys, values, attn_mask=mask, scale=1.0)
+    return out, lse
 
 
 def _grouped(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
@@ -32,66 +56,43 @@ def _grouped(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
     return q.view(n, num_kv_heads, num_q_heads // num_kv_heads, dim)
 
 
-def _softmax_values(scores: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(softmax(scores) @ values, logsumexp(scores)) over the last axis; overwrites `scores`.
-
-    scores [batch, m, n] (every row has at least one finite score), values [batch, n, Dv]. Dividing
-    the m x Dv product instead of the m x n weights saves one pass over the scores."""
-    top = scores.amax(dim=-1, keepdim=True)
-    weights = scores.sub_(top).exp_()
-    total = weights.sum(dim=-1, keepdim=True)
-    out = torch.bmm(weights, values).div_(total)
-    return out, (top + total.log()).squeeze(-1)
-
-
 def segment_partial(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """All queries of `q` [m, Hq, D] against the same keys [Hkv, n >= 1, D] / values [Hkv, n, Dv].
 
-    Returns (o [m, Hq, Dv], lse [m, Hq]). The segment is read once for all m queries: one
-    [Hkv, m*G, n] score matrix per layer.
-    """
+    Returns (o [m, Hq, Dv], lse [m, Hq]). The segment is read once for all m queries (per kv head,
+    one [m*G, n] score block)."""
     m, num_q_heads, _ = q.shape
     num_kv_heads = keys.shape[0]
     qg = _grouped(q, num_kv_heads)
     group = qg.shape[2]
-    qh = qg.permute(1, 0, 2, 3).reshape(num_kv_heads, m * group, -1)
-    out, lse = _softmax_values(torch.bmm(qh, keys.transpose(1, 2)), values)   # [Hkv, m*G, Dv], [Hkv, m*G]
+    qh = qg.permute(1, 0, 2, 3).reshape(1, num_kv_heads, m * group, -1)
+    out, lse = _attend(qh, keys.unsqueeze(0), values.unsqueeze(0), None)       # [1, Hkv, m*G, Dv], [1, Hkv, m*G]
     out = out.view(num_kv_heads, m, group, -1).permute(1, 0, 2, 3).reshape(m, num_q_heads, -1)
-    return out, lse.view(num_kv_heads, m, group).permute(1, 0, 2).reshape(m, num_q_heads)
+    return out, lse.reshape(num_kv_heads, m, group).permute(1, 0, 2).reshape(m, num_q_heads)
 
 
 def rows_partial(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
                  bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each request against its own keys: q [b, Hq, D], keys [b*Hkv, L, D], values [b*Hkv, L, Dv].
+    """Each request against its own keys: q [b, Hq, D], keys [b, Hkv, L, D], values [b, Hkv, L, Dv].
 
     `bias` [b, 1, 1, L] is 0 on the keys a request reads and -inf elsewhere (None: all L keys of
     every row); every row needs at least one key it reads. Returns (o [b, Hq, Dv], lse [b, Hq]).
     """
-    b, num_q_heads, dim = q.shape
-    num_kv_heads = keys.shape[0] // b
-    qh = _grouped(q, num_kv_heads).reshape(b * num_kv_heads, -1, dim)          # [b*Hkv, G, D]
-    scores = torch.bmm(qh, keys.transpose(1, 2))                              # [b*Hkv, G, L]
-    if bias is not None:
-        scores.view(b, num_kv_heads, -1, scores.shape[-1]).add_(bias)
-    out, lse = _softmax_values(scores, values)
-    return out.view(b, num_q_heads, -1), lse.view(b, num_q_heads)
+    b, num_q_heads, _ = q.shape
+    out, lse = _attend(_grouped(q, keys.shape[1]), keys, values, bias)        # [b, Hkv, G, Dv], [b, Hkv, G]
+    return out.reshape(b, num_q_heads, -1), lse.reshape(b, num_q_heads)
 
 
-def merge_into(out: torch.Tensor, lse: torch.Tensor, index: torch.Tensor | None, part_out: torch.Tensor,
+def merge(acc_out: torch.Tensor, acc_lse: torch.Tensor, part_out: torch.Tensor,
+          part_lse: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The partial over both key sets, (out [k, Hq, Dv], lse [k, Hq]), from an accumulated partial
+    (acc_out, acc_lse: -inf rows are empty) and a finite one (part_out, part_lse). Read-only."""
+    gap = acc_lse - part_lse                              # -inf where the accumulator is empty
+    out = torch.lerp(part_out, acc_out, torch.sigmoid(gap).unsqueeze(-1))
+    return out, torch.nn.functional.softplus(gap).add_(part_lse)
+
+
+def merge_into(out: torch.Tensor, lse: torch.Tensor, index: torch.Tensor, part_out: torch.Tensor,
                part_lse: torch.Tensor) -> None:
-    """Merge a partial (part_out [k, Hq, Dv], part_lse [k, Hq], finite) into rows `index` of the
-    accumulators out [B, Hq, Dv] / lse [B, Hq] (None: all B rows, in order; mutates both; -inf
-    accumulator rows are empty)."""
-    acc_out, acc_lse = (out, lse) if index is None else (out[index], lse[index])
-    top = torch.maximum(acc_lse, part_lse)
-    w_acc = torch.exp(acc_lse - top)
-    w_part = torch.exp(part_lse - top)
-    total = w_acc + w_part
-    merged = (acc_out * w_acc.unsqueeze(-1)).add_(part_out * w_part.unsqueeze(-1)).div_(total.unsqueeze(-1))
-    merged_lse = top.add_(torch.log(total))
-    if index is None:
-        out.copy_(merged)
-        lse.copy_(merged_lse)
-    else:
-        out[index] = merged
-        lse[index] = merged_lse
+    """`merge` into rows `index` of the accumulators out [B, Hq, Dv] / lse [B, Hq] (mutates both)."""
+    out[index], lse[index] = merge(out[index], lse[index], part_out, part_lse)

@@ -13,7 +13,7 @@ Layout: band b holds rows of `band_columns(b)` columns (64, 96, 128, 192, 256, .
 times the last), per layer a K and a V tensor
 [rows, kv heads, columns, head_dim] (float32 whatever the pool's dtype). Rows 0..n-1 of a band are in
 use (a dropped row's place is taken by the band's last row), so a layer attends a band as one strided
-[n * kv heads, width, head_dim] view, width = the longest row in it: no copy, and padding stays within
+[n, kv heads, width, head_dim] view, width = the longest row in it: no copy, and padding stays within
 a factor 1.5 of each row's length. A full row moves to the next band by an arena-to-arena copy. A row
 holds its request's KV from request position `start` on. When the request's own part now starts later
 (a segment covers more of it), the front columns are masked, as long as they are no more than the
@@ -45,7 +45,7 @@ from typing import NamedTuple, Sequence
 import torch
 
 MIN_BAND_COLUMNS = 64
-MIN_BAND_ROWS = 8
+MIN_BAND_TOKENS = 512  # a band's first allocation: 8 rows of 64 columns, 1 row of 512 or more
 
 
 class RequestKey(NamedTuple):
@@ -75,8 +75,8 @@ class BandStep:
 
     band: int
     positions: torch.Tensor    # int64 [n]: batch position of band rows 0..n-1
-    step_rows: torch.Tensor    # int64 [n * Hkv]: pool rows ([slots * Hkv, D] view) of this step's token
-    write_rows: torch.Tensor   # int64 [n * Hkv]: band rows ([rows * Hkv * columns, D] view) they go to
+    offset: int                # where its rows start in ArenaStep.positions
+    write_rows: torch.Tensor   # int64 [n * Hkv]: band rows ([rows * Hkv * columns, D] view) this step's token goes to
     width: int                 # columns a layer reads (the longest row)
     bias: torch.Tensor | None  # float32 [n, 1, 1, width]: 0 on a row's own columns, -inf elsewhere
 
@@ -86,6 +86,8 @@ class ArenaStep:
     """What the arena serves in one decode forward."""
 
     bands: tuple[BandStep, ...]
+    positions: torch.Tensor    # int64 [rows]: every band's positions, band after band
+    step_rows: torch.Tensor    # int64 [rows * Hkv]: pool rows ([slots * Hkv, D] view) of their step token, same order
     overflow: tuple[int, ...]  # batch positions whose own part the arena does not hold (budget)
     num_filled_tokens: int     # own tokens copied from the pool for this forward (per layer)
 
@@ -219,9 +221,19 @@ class OwnKVArena:
                                      rows[i, parts[i].own_start:parts[i].seq_len]) for i in positions[:granted]]
             overflow += positions[granted:]
             num_filled += self._fill(b, new_rows, pool_k, pool_v)
-        steps = tuple(self._band_step(b, parts, index, rows) for b, band in enumerate(self.bands) if band.owners)
+        steps, step_slots, offset = [], [], 0
+        for b, band in enumerate(self.bands):
+            if band.owners:
+                band_step, slots = self._band_step(b, parts, index, rows, offset)
+                steps.append(band_step)
+                step_slots.append(slots)
+                offset += len(band.owners)
         self._unwritten = set(range(self.num_layers)) if steps else set()
-        return ArenaStep(steps, tuple(sorted(overflow)), num_filled)
+        heads = torch.arange(self.num_kv_heads, dtype=torch.int64).view(1, -1)
+        slots = torch.cat(step_slots) if step_slots else torch.empty(0, dtype=torch.int64)
+        positions = torch.cat([s.positions for s in steps]) if steps else torch.empty(0, dtype=torch.int64)
+        return ArenaStep(tuple(steps), positions, (slots.view(-1, 1) * self.num_kv_heads + heads).reshape(-1),
+                         tuple(sorted(overflow)), num_filled)
 
     def _check(self, parts: Sequence[OwnPart], index: dict[RequestKey, int],
                rows: torch.Tensor) -> list[tuple[int, int]]:
@@ -294,7 +306,9 @@ class OwnKVArena:
 
     def _reserve(self, b: int, count: int) -> int:
         """Make room in band `b` (created if new) for up to `count` more rows, growing it once (double,
-        at least MIN_BAND_ROWS and what is needed) within the budget; returns how many rows fit."""
+        at least MIN_BAND_TOKENS columns' worth of rows and what is needed) within the budget; returns how
+        many rows fit. (A fixed minimum row count made a lone request's 1024-column row allocate and zero
+        8 rows: half of the capacity preset's budget.)"""
         while len(self.bands) <= b:
             self.bands.append(_Band(band_columns(len(self.bands))))
         band = self.bands[b]
@@ -306,7 +320,7 @@ class OwnKVArena:
                     if not idle.owners and idle.capacity and idle is not band:
                         idle.release()
                 room = (self.budget_tokens - self.num_tokens) // band.columns
-            add = min(max(need, MIN_BAND_ROWS, band.capacity), room)
+            add = min(max(need, -(-MIN_BAND_TOKENS // band.columns), band.capacity), room)
             if add > 0:
                 band.grow(band.capacity + add, self.num_layers, self.num_kv_heads, self.head_dim)
         return min(count, band.capacity - len(band.owners))
@@ -324,34 +338,41 @@ class OwnKVArena:
 
     def _fill(self, b: int, new_rows: list[int], pool_k: Sequence[torch.Tensor],
               pool_v: Sequence[torch.Tensor]) -> int:
-        """Copy the new rows' KV before this step's token from the pool, every layer; returns tokens."""
-        band, heads = self.bands[b], torch.arange(self.num_kv_heads, dtype=torch.int64)
-        src, dst = [], []
-        for row in new_rows:
-            length = band.lengths[row] - 1  # this step's token comes with write_step_kv
-            if length:
-                columns = torch.arange(length, dtype=torch.int64)
-                src.append((band.slots[row, :length].view(1, -1) * self.num_kv_heads + heads.view(-1, 1)).reshape(-1))
-                dst.append(((row * self.num_kv_heads + heads.view(-1, 1)) * band.columns + columns).reshape(-1))
-        if not src:
+        """Copy the new rows' KV before this step's token from the pool, every layer; returns tokens.
+
+        The new rows are consecutive (just appended), so each layer's K (and V) is one gather from the
+        pool and one copy into the rows' block (contiguous writes; a scattered index_copy_ was ~4x
+        slower). Rows shorter than the block are padded with their last filled slot: columns past a
+        row's length are masked when read and overwritten as the row grows."""
+        band = self.bands[b]
+        filled = [band.lengths[row] - 1 for row in new_rows]  # this step's token comes with write_step_kv
+        width = max(filled, default=0)
+        if width == 0:
             return 0
-        src_rows, dst_rows = torch.cat(src), torch.cat(dst)
+        first, count = new_rows[0], len(new_rows)
+        if new_rows != list(range(first, first + count)):
+            raise RuntimeError(f"arena rows to fill are not consecutive: {new_rows}")
+        columns = torch.arange(width, dtype=torch.int64).view(1, -1)
+        last = (torch.tensor(filled, dtype=torch.int64).clamp_(min=1) - 1).view(-1, 1)
+        slots = band.slots[first:first + count].gather(1, torch.minimum(columns, last))
+        heads = torch.arange(self.num_kv_heads, dtype=torch.int64).view(1, -1, 1)
+        src_rows = (slots.view(count, 1, width) * self.num_kv_heads + heads).reshape(-1)
+        shape = (count, self.num_kv_heads, width, self.head_dim)
         for layer in range(self.num_layers):
             for arena, pool in ((band.k[layer], pool_k[layer]), (band.v[layer], pool_v[layer])):
-                pool_rows = pool.view(-1, self.head_dim).index_select(0, src_rows)
-                arena.view(-1, self.head_dim).index_copy_(0, dst_rows, pool_rows.to(arena.dtype))
-        return src_rows.numel() // self.num_kv_heads
+                arena[first:first + count, :, :width].copy_(pool.view(-1, self.head_dim).index_select(0, src_rows).view(shape))
+        return sum(filled)
 
-    def _band_step(self, b: int, parts: Sequence[OwnPart], index: dict[RequestKey, int],
-                   rows: torch.Tensor) -> BandStep:
+    def _band_step(self, b: int, parts: Sequence[OwnPart], index: dict[RequestKey, int], rows: torch.Tensor,
+                   offset: int) -> tuple[BandStep, torch.Tensor]:
+        """Band `b`'s step (its rows starting at `offset` in the forward's row order) and the pool
+        slots of its rows' step token."""
         band, heads = self.bands[b], torch.arange(self.num_kv_heads, dtype=torch.int64).view(1, -1)
         positions = torch.tensor([index[key] for key in band.owners], dtype=torch.int64)
         lengths = torch.tensor(band.lengths, dtype=torch.int64)
         front = torch.tensor([parts[index[key]].own_start - start for key, start in zip(band.owners, band.starts)],
                              dtype=torch.int64)
-        seq_lens = torch.tensor([parts[index[key]].seq_len for key in band.owners], dtype=torch.int64)
-        step_slots = rows[positions, seq_lens - 1]
-        step_rows = (step_slots.view(-1, 1) * self.num_kv_heads + heads).reshape(-1)
+        step_slots = band.slots[torch.arange(len(band.owners)), lengths - 1]  # _extend recorded them
         row_ids = torch.arange(len(band.owners), dtype=torch.int64).view(-1, 1)
         write_rows = ((row_ids * self.num_kv_heads + heads) * band.columns + (lengths - 1).view(-1, 1)).reshape(-1)
         width = int(lengths.max())
@@ -360,24 +381,27 @@ class OwnKVArena:
             columns = torch.arange(width, dtype=torch.int64).view(1, -1)
             outside = (columns < front.view(-1, 1)) | (columns >= lengths.view(-1, 1))
             bias = torch.zeros(len(band.owners), width, dtype=torch.float32).masked_fill_(outside, float("-inf")).view(-1, 1, 1, width)
-        return BandStep(b, positions, step_rows, write_rows, width, bias)
+        return BandStep(b, positions, offset, write_rows, width, bias), step_slots
 
     def write_step_kv(self, layer: int, step: ArenaStep, k_buf: torch.Tensor, v_buf: torch.Tensor) -> None:
         """Copy this step's token of every row from layer `layer`'s pool buffers (after SGLang stored
         it) into the arena. Mutates the arena."""
-        for band_step in step.bands:
-            band = self.bands[band_step.band]
-            for arena, pool in ((band.k[layer], k_buf), (band.v[layer], v_buf)):
-                pool_rows = pool.view(-1, self.head_dim).index_select(0, band_step.step_rows)
-                arena.view(-1, self.head_dim).index_copy_(0, band_step.write_rows, pool_rows.to(arena.dtype))
+        if step.bands:
+            heads = self.num_kv_heads
+            for pool, which in ((k_buf, "k"), (v_buf, "v")):
+                tokens = pool.view(-1, self.head_dim).index_select(0, step.step_rows).float()
+                for band_step in step.bands:
+                    arena = getattr(self.bands[band_step.band], which)[layer]
+                    first = band_step.offset * heads
+                    arena.view(-1, self.head_dim).index_copy_(
+                        0, band_step.write_rows, tokens[first:first + band_step.write_rows.numel()])
         self._unwritten.discard(layer)
 
     def band_kv(self, layer: int, band_step: BandStep) -> tuple[torch.Tensor, torch.Tensor]:
-        """Layer `layer`'s keys and values of a band's rows in use: [n * kv heads, width, head_dim] views."""
+        """Layer `layer`'s keys and values of a band's rows in use: [n, kv heads, width, head_dim] views."""
         band = self.bands[band_step.band]
-        num = band_step.positions.numel() * self.num_kv_heads
-        view = lambda t: t.view(-1, band.columns, self.head_dim)[:num, :band_step.width]  # noqa: E731
-        return view(band.k[layer]), view(band.v[layer])
+        num, width = band_step.positions.numel(), band_step.width
+        return band.k[layer][:num, :, :width], band.v[layer][:num, :, :width]
 
     def snapshot(self) -> dict:
         """JSON-able view for /sglang_pd/stats (read-only): budget, allocation, rows per band."""

@@ -6,10 +6,10 @@ For a batch whose requests share KV segments (prefix_groups.py), per layer:
 - each segment is attended by all its members' queries together (`segment_partial`), its KV read
   from SegmentKVCache (gathered once, reused while the segment lasts), keeping the log-sum-exp;
 - each request's own part (what no segment covers) is attended from OwnKVArena in place: the rows of
-  one band are one batched matmul (`rows_partial`); this step's token is first copied into the arena
-  from the pool. An own part the arena's budget cannot hold is gathered from the pool into a reused
+  one band are one fused attention call (`rows_partial`); this step's token is first copied into the
+  arena from the pool. An own part the arena's budget cannot hold is gathered from the pool into a reused
   workspace every layer, in length buckets (padded to at most 1 / `min_fill` of its length);
-- partials are merged exactly (`merge_into`). A request in no segment takes only the own-part path.
+- partials are merged exactly (`merge`). A request in no segment takes only the own-part path.
 
 `SharedPrefixDecoder` keeps what lives across forwards (which request was in the previous decode
 forward with which seq_len, the arena, the segment cache, the workspace). Pure torch, no SGLang
@@ -23,7 +23,7 @@ from typing import Sequence
 
 import torch
 
-from sglang_pd.srt.disaggregation.attention_partials import merge_into, rows_partial, segment_partial
+from sglang_pd.srt.disaggregation.attention_partials import merge, merge_into, rows_partial, segment_partial
 from sglang_pd.srt.disaggregation.own_kv_arena import ArenaStep, OwnKVArena, OwnPart, RequestKey
 from sglang_pd.srt.disaggregation.prefix_groups import PrefixGrouping
 from sglang_pd.srt.disaggregation.segment_kv_cache import SegmentKVCache, SegmentStep
@@ -50,6 +50,8 @@ class DecodePlan:
     gathered: tuple[OwnBucket, ...]  # own parts the arena does not hold
     gather_rows: torch.Tensor        # int64: pool rows ([slots * Hkv, D] view) of `gathered`, request-major
     segments: tuple[SegmentStep, ...]
+    own_positions: torch.Tensor      # int64: batch positions of the own-part partials, arena bands then `gathered`
+    own_inverse: torch.Tensor | None  # where each batch position is in own_positions; None: not every one is
 
     @property
     def num_own_tokens(self) -> int:
@@ -166,7 +168,12 @@ class SharedPrefixDecoder:
         arena = self.arena.plan(parts, rows, pool_k, pool_v)
         gathered, gather_rows = gathered_buckets(grouping, rows, arena.overflow, self.num_kv_heads, self.min_fill)
         segments = self.segments.plan(grouping.segments, parts, pool_k, pool_v)
-        return DecodePlan(len(keys), arena, gathered, gather_rows, segments)
+        own_positions = torch.cat([arena.positions, *(b.positions for b in gathered)])
+        inverse = None
+        if own_positions.numel() == len(keys):  # each position at most once: a permutation of the batch
+            inverse = torch.empty_like(own_positions)
+            inverse[own_positions] = torch.arange(len(keys), dtype=torch.int64)
+        return DecodePlan(len(keys), arena, gathered, gather_rows, segments, own_positions, inverse)
 
     def attend(self, layer: int, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, plan: DecodePlan,
                scale: float) -> torch.Tensor:
@@ -178,23 +185,43 @@ class SharedPrefixDecoder:
             raise ValueError(f"plan is for {plan.batch_size} requests, got {q.shape[0]} queries")
         self.arena.write_step_kv(layer, plan.arena, k_buf, v_buf)
         qs = q.float() * scale
-        out = torch.zeros(plan.batch_size, q.shape[1], self.head_dim, dtype=torch.float32, device=q.device)
-        lse = torch.full((plan.batch_size, q.shape[1]), float("-inf"), dtype=torch.float32, device=q.device)
-        for band in plan.arena.bands:
-            keys, values = self.arena.band_kv(layer, band)
-            o, l = rows_partial(qs.index_select(0, band.positions), keys, values, band.bias)
-            out.index_copy_(0, band.positions, o)
-            lse.index_copy_(0, band.positions, l)
-        if plan.gathered:
-            self._attend_gathered(k_buf, v_buf, qs, plan, out, lse)
+        out, lse = self._own_parts(layer, qs, k_buf, v_buf, plan)
         for seg in plan.segments:
-            o, l = segment_partial(qs.index_select(0, seg.members), seg.k[layer], seg.v[layer])
             whole = seg.members.numel() == plan.batch_size  # members are ascending: the whole batch in order
-            merge_into(out, lse, None if whole else seg.members, o, l)
+            o, l = segment_partial(qs if whole else qs.index_select(0, seg.members), seg.k[layer], seg.v[layer])
+            if whole:
+                out, lse = merge(out, lse, o, l)
+            else:
+                merge_into(out, lse, seg.members, o, l)
         return out if q.dtype == torch.float32 else out.to(q.dtype)
 
+    def _own_parts(self, layer: int, qs: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor,
+                   plan: DecodePlan) -> tuple[torch.Tensor, torch.Tensor]:
+        """Accumulators (out [B, Hq, Dv], lse [B, Hq]) holding every request's own-part partial
+        (o = 0, lse = -inf for a request with no own part)."""
+        outs, lses = [], []
+        if plan.arena.bands:
+            q_rows = qs.index_select(0, plan.arena.positions)
+            for band in plan.arena.bands:
+                keys, values = self.arena.band_kv(layer, band)
+                o, l = rows_partial(q_rows[band.offset:band.offset + band.positions.numel()], keys, values, band.bias)
+                outs.append(o)
+                lses.append(l)
+        if plan.gathered:
+            self._attend_gathered(k_buf, v_buf, qs, plan, outs, lses)
+        if not outs:
+            return (qs.new_zeros(qs.shape[0], qs.shape[1], self.head_dim),
+                    qs.new_full((qs.shape[0], qs.shape[1]), float("-inf")))
+        o, l = (outs[0], lses[0]) if len(outs) == 1 else (torch.cat(outs), torch.cat(lses))
+        if plan.own_inverse is not None:  # every request has an own part: a permutation
+            return o.index_select(0, plan.own_inverse), l.index_select(0, plan.own_inverse)
+        out = qs.new_zeros(qs.shape[0], qs.shape[1], self.head_dim).index_copy_(0, plan.own_positions, o)
+        return out, qs.new_full((qs.shape[0], qs.shape[1]), float("-inf")).index_copy_(0, plan.own_positions, l)
+
     def _attend_gathered(self, k_buf: torch.Tensor, v_buf: torch.Tensor, qs: torch.Tensor, plan: DecodePlan,
-                         out: torch.Tensor, lse: torch.Tensor) -> None:
+                         outs: list[torch.Tensor], lses: list[torch.Tensor]) -> None:
+        """Own parts the arena does not hold, gathered from the pool: their partials appended to outs /
+        lses, bucket after bucket (the order of DecodePlan.own_positions)."""
         k_rows, v_rows = k_buf.view(-1, self.head_dim), v_buf.view(-1, self.head_dim)
         keys, values = self.workspace.views(k_rows, v_rows, plan.gather_rows.numel())
         torch.index_select(k_rows, 0, plan.gather_rows, out=keys)
@@ -203,7 +230,7 @@ class SharedPrefixDecoder:
         for bucket in plan.gathered:
             b, width = bucket.slots.shape
             num_rows = b * self.num_kv_heads * width
-            piece = lambda t: t[bucket.offset:bucket.offset + num_rows].view(b * self.num_kv_heads, width, -1)  # noqa: E731
+            piece = lambda t: t[bucket.offset:bucket.offset + num_rows].view(b, self.num_kv_heads, width, -1)  # noqa: E731
             o, l = rows_partial(qs.index_select(0, bucket.positions), piece(keys), piece(values), bucket.bias)
-            out.index_copy_(0, bucket.positions, o)
-            lse.index_copy_(0, bucket.positions, l)
+            outs.append(o)
+            lses.append(l)

@@ -15,7 +15,7 @@ The backend wraps SGLang's `TorchNativeAttnBackend` (built from the same model r
   pool), and extend layer calls that are not plain causal self-attention; idle forwards.
 
 Refused at start-up (ValueError naming the flag): a device other than CPU (the GPU form is a plan
-in README), torch.compile / CPU graphs, MLA models, KV pools other than MHATokenToKVPool /
+in README), a torch without the fused CPU attention kernel (attention_partials.py), torch.compile / CPU graphs, MLA models, KV pools other than MHATokenToKVPool /
 SWAKVPool, quantised (fp8) KV, KV buffers not laid out [tokens, kv heads, head_dim] and value heads
 unlike key heads. Logic lives in srt/disaggregation; this file stays thin.
 """
@@ -25,6 +25,7 @@ from __future__ import annotations
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
+from sglang_pd.srt.disaggregation.attention_partials import missing_kernel
 from sglang_pd.srt.disaggregation.local_extend_attention import (MixedRows, offset_causal_extend,
                                                                   offset_causal_extend_rows)
 from sglang_pd.srt.disaggregation.own_kv_arena import RequestKey
@@ -65,6 +66,8 @@ def unsupported_runner(runner) -> str | None:
 
     if str(runner.device) != "cpu":
         return f"device {runner.device}: only the CPU implementation exists (README: GPU plan)"
+    if missing_kernel() is not None:
+        return missing_kernel()
     if get_flags().capture.enable_torch_compile:
         return "--enable-torch-compile (CPU graphs): the backend runs eagerly only"
     if runner.use_mla_backend:
