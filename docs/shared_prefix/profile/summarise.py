@@ -5,7 +5,7 @@ How the recording was made (py-spy is not a project dependency: `pip install --t
 a PD pair as `bench_multiturn --configs on+shared` starts it (capacity preset; both servers
 `--attention-backend sglang_pd_shared_prefix`), the capacity workload attached to it
 (`python -m sglang_pd.bench_multiturn --preset capacity --prefill-url ... --decode-url ... --bootstrap-port ...`),
-and 2.5 s after the workload started: `py-spy record -p <decode scheduler pid> -d 7 -r 250 -f raw
+and 2.5 s after the workload started: `py-spy record -p <decode scheduler pid> -d 6 -r 250 -f raw
 -o decode_scheduler.pyspy.txt --nonblocking`.
 
     python docs/shared_prefix/profile/summarise.py

@@ -20,7 +20,7 @@ holds its request's KV from request position `start` on. When the request's own 
 columns read; otherwise (a mostly masked row, or an own part that now starts earlier: the request
 shares less than before) the row is refilled, a one-time copy. (Rows never start later than the own
 part: a request's earlier turns are in the radix tree, but only that request reads them, and a
-one-member segment per request costs a matmul per request per layer.)
+one-member segment per request costs an attention call per request per layer.)
 
 Validity, checked every forward: a row is kept only for a request that (a) was in the previous decode
 forward with seq_len one less (`continuing`, same rid and req_pool_idx), (b) starts its own part at or
