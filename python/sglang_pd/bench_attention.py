@@ -2,13 +2,13 @@
 
     python -m sglang_pd.bench_attention [--geometry capacity|smollm2] [--batch 64] [--group-sizes 1,4,16,64]
                                         [--prefix-lens 128,1024,4096] [--own-len 128] [--page-size 1]
-                                        [--repeats 5] [--threads 1] [--scatter] [--json PATH]
+                                        [--repeats 5] [--threads 1] [--scatter] [--churn 0] [--json PATH]
 
 No server: real SGLang objects only (MHATokenToKVPool with random K/V, ReqToTokenPool, paged allocator,
 RadixCache; RadixAttention layers), the real TorchNativeAttnBackend ("plain") and our
 SharedPrefixAttnBackend around another TorchNativeAttnBackend ("shared"). The allocator hands out
 pages in pool order, as a fresh server does; --scatter shuffles its free pages first (a long-running
-server's free list), which makes every gather slower for both backends.
+server's free list), which scatters every request's slots for both backends.
 
 Workload per cell (group size g, prefix P): --batch running requests in batch/g groups; each group's
 prompt prefix of P tokens is cached in the radix tree and every member's row starts with the slots
@@ -17,13 +17,14 @@ the tree matched (what decode admission gives it); each request then has its own
 
 One step = init_forward_metadata + every layer's forward (stores this step's K/V, attends), as the
 model runs it. The cell runs --repeats + 1 consecutive decode steps (every request gains one token per
-step, as in a server); in each step three backends run in turn on the same q/k/v: "plain", "gather"
-(ours with the own-KV arena off: every layer gathers the own parts from the pool) and "shared" (ours as
-it ships: own KV kept between steps). Medians over the steps after the first; "1st step" is shared's
-first step, which fills its arena. "ratio" = plain / shared and "arena" = gather / shared, measured side
-by side in this run. Outputs are compared with plain on every step (max abs diff). KV read per layer:
-plain reads every request's whole row; shared reads each group's prefix once plus the own parts
-(padding included).
+step, as in a server; with --churn N each request finishes after N steps and a new request of its
+group, with a new own part, joins at the end of the batch, initial ages staggered so that about
+batch / N requests leave and join per step, as in a multi-turn server); in each step both backends
+run on the same q/k/v, in alternating order (neither always finds the other's data in cache).
+Medians over the steps after the first; "1st step" is shared's first step (its segments gathered).
+"ratio" = plain / shared, measured side by side in this run. Outputs are compared with plain on every
+step (max abs diff). KV read per layer: plain reads every request's whole row; shared reads each
+group's prefix once plus the own parts.
 """
 
 from __future__ import annotations
@@ -40,8 +41,6 @@ from pathlib import Path
 import torch
 
 from sglang_pd.bench.attention_world import GEOMETRIES, DecodeWorld, random_tokens
-from sglang_pd.srt.disaggregation.shared_attention_stats import SharedAttentionStats
-from sglang_pd.srt.pd_metrics import PDCounters
 
 
 @dataclass(frozen=True)
@@ -52,35 +51,63 @@ class Cell:
     prefix_len: int
     batch: int
     plain_ms: float
-    gather_ms: float      # shared-prefix backend with the own-KV arena off (own parts gathered every layer)
-    shared_ms: float      # shared-prefix backend as it ships (own KV kept in the arena between steps)
+    shared_ms: float
     ratio: float          # plain / shared
-    arena_ratio: float    # gather / shared: what the arena adds
-    first_step_ms: float  # the shared backend's first step, which fills its arena
+    first_step_ms: float  # the shared backend's first step (gathers its segments)
     num_groups: int
     plain_kv_tokens: int
     shared_kv_tokens: int
     max_abs_diff: float
 
 
-def build_world(args, group_size: int, prefix_len: int) -> DecodeWorld:
-    """Pools sized for the cell (and the steps it runs); groups cached in the tree, members' rows written."""
+def _own_len(args, rng: random.Random) -> int:
+    return max(1, int(args.own_len * (0.5 + rng.random())))
+
+
+class Churn:
+    """--churn N: which request of the batch finishes when, and the newcomer of its group that joins."""
+
+    def __init__(self, args, group_prefixes: list[torch.Tensor], group_size: int):
+        self.args, self.prefixes = args, group_prefixes
+        self.rng = random.Random(args.seed + 1)
+        self.groups = [i // group_size for i in range(args.batch)]           # per batch position
+        self.ages = [i * args.churn // args.batch for i in range(args.batch)]  # staggered
+
+    def step(self, world: DecodeWorld) -> None:
+        """After world.advance(): every request one step older; those N steps old leave, each replaced
+        by a newcomer of its group (appended to the batch, as SGLang merges new requests)."""
+        self.ages = [a + 1 for a in self.ages]
+        for position in [i for i, a in enumerate(self.ages) if a >= self.args.churn][::-1]:
+            group = self.groups.pop(position)
+            self.ages.pop(position)
+            world.retire(position)
+            world.add_request(self.prefixes[group], _own_len(self.args, self.rng))
+            self.groups.append(group)
+            self.ages.append(0)
+
+
+def build_world(args, group_size: int, prefix_len: int) -> tuple[DecodeWorld, Churn | None]:
+    """Pools sized for the cell (and the steps it runs, newcomers included); groups cached in the
+    tree, members' rows written; the cell's Churn (None without --churn)."""
     rng = random.Random(args.seed)
-    own_lens = [max(1, int(args.own_len * (0.5 + rng.random()))) for _ in range(args.batch)]
+    own_lens = [_own_len(args, rng) for _ in range(args.batch)]
     pages = lambda n: -(-n // args.page_size) * args.page_size  # noqa: E731
     steps = args.repeats + 1
+    newcomers = steps * -(-args.batch // args.churn) if args.churn else 0
     pool = (sum(pages(n + 1) for n in own_lens) + steps * args.batch * args.page_size
+            + newcomers * pages(args.own_len * 3 // 2 + 2)
             + (args.batch // group_size) * pages(prefix_len) + args.page_size)
     world = DecodeWorld(GEOMETRIES[args.geometry], args.page_size, pool, args.batch,
                         pages(prefix_len) + 2 * args.own_len + steps + 2, seed=args.seed,
                         shuffle_free_pages=args.scatter)
+    prefixes = []
     for group in range(args.batch // group_size):
         prefix = random_tokens(pages(prefix_len), rng)
         world.cache_prefix(prefix)
+        prefixes.append(world.matched_slots(prefix + random_tokens(4, rng))[:prefix_len])
         for member in range(group_size):
-            slots = world.matched_slots(prefix + random_tokens(4, rng))[:prefix_len]
-            world.add_request(slots, own_lens[group * group_size + member])
-    return world
+            world.add_request(prefixes[-1], own_lens[group * group_size + member])
+    return world, (Churn(args, prefixes, group_size) if args.churn else None)
 
 
 def _timed(world: DecodeWorld, backend, batch, inputs) -> tuple[float, list[torch.Tensor]]:
@@ -91,39 +118,38 @@ def _timed(world: DecodeWorld, backend, batch, inputs) -> tuple[float, list[torc
 
 def measure(args, group_size: int, prefix_len: int) -> Cell:
     """Consecutive decode steps (every request gains a token per step, as in a server); in each step
-    plain, gather-only and shared run in turn on the same q/k/v. Medians after the first step and the
+    plain and shared run on the same q/k/v, in alternating order. Medians after the first step and the
     largest output difference to plain over all steps."""
-    world = build_world(args, group_size, prefix_len)
-    gather = world.shared_backend(SharedAttentionStats(PDCounters()), arena_budget_tokens=0)
-    times: dict[str, list[float]] = {"plain": [], "gather": [], "shared": []}
+    world, churn = build_world(args, group_size, prefix_len)
+    times: dict[str, list[float]] = {"plain": [], "shared": []}
     diff = 0.0
     for rep in range(args.repeats + 1):
         batch, inputs = world.decode_batch(), world.step_inputs()
-        tp, out_p = _timed(world, world.plain, batch, inputs)
-        tg, out_g = _timed(world, gather, batch, inputs)
-        ts, out_s = _timed(world, world.shared, batch, inputs)
-        diff = max(diff, *(float((a - b).abs().max()) for a, b in zip(out_p, out_s + out_g)))
-        if rep == 0:  # warms allocator and caches; the shared backend fills its arena here
-            first_ms = ts * 1000
-        else:
-            for name, t in (("plain", tp), ("gather", tg), ("shared", ts)):
-                times[name].append(t)
+        outs = {}
+        for name in (("plain", "shared") if rep % 2 else ("shared", "plain")):
+            seconds, outs[name] = _timed(world, getattr(world, name), batch, inputs)
+            if rep == 0 and name == "shared":
+                first_ms = seconds * 1000
+            elif rep:
+                times[name].append(seconds)
+        diff = max(diff, *(float((a - b).abs().max()) for a, b in zip(outs["plain"], outs["shared"])))
         if rep < args.repeats:
             world.advance()
+            if churn is not None:
+                churn.step(world)
     step = world.stats.last_step
     ms = {name: statistics.median(t) * 1000 for name, t in times.items()}
-    return Cell(group_size, prefix_len, args.batch, round(ms["plain"], 3), round(ms["gather"], 3),
-                round(ms["shared"], 3), round(ms["plain"] / ms["shared"], 2), round(ms["gather"] / ms["shared"], 2),
-                round(first_ms, 3), step.num_groups, sum(world.seq_lens), step.num_shared_tokens + step.num_own_tokens,
-                diff)
+    return Cell(group_size, prefix_len, args.batch, round(ms["plain"], 3), round(ms["shared"], 3),
+                round(ms["plain"] / ms["shared"], 2), round(first_ms, 3), step.num_groups, sum(world.seq_lens),
+                step.num_shared_tokens + step.num_own_tokens, diff)
 
 
 def format_table(cells: list[Cell]) -> str:
     """The side-by-side table printed by main()."""
-    head = (f"{'group':>5} {'prefix':>6} {'plain ms':>9} {'gather ms':>9} {'shared ms':>9} {'ratio':>6} {'arena':>6}"
+    head = (f"{'group':>5} {'prefix':>6} {'plain ms':>9} {'shared ms':>9} {'ratio':>6}"
             f" {'1st step':>8} {'groups':>6} {'plain KV/layer':>14} {'shared KV/layer':>15} {'max|diff|':>9}")
-    rows = [f"{c.group_size:>5} {c.prefix_len:>6} {c.plain_ms:>9.2f} {c.gather_ms:>9.2f} {c.shared_ms:>9.2f}"
-            f" {c.ratio:>6.2f} {c.arena_ratio:>6.2f} {c.first_step_ms:>8.2f} {c.num_groups:>6} {c.plain_kv_tokens:>14}"
+    rows = [f"{c.group_size:>5} {c.prefix_len:>6} {c.plain_ms:>9.2f} {c.shared_ms:>9.2f}"
+            f" {c.ratio:>6.2f} {c.first_step_ms:>8.2f} {c.num_groups:>6} {c.plain_kv_tokens:>14}"
             f" {c.shared_kv_tokens:>15} {c.max_abs_diff:>9.1e}"
             for c in cells]
     return "\n".join([head, "-" * len(head), *rows])
@@ -169,14 +195,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=int, default=1, help="torch threads (servers here run with 1)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--scatter", action="store_true", help="shuffle the allocator's free pages (scattered slots)")
+    p.add_argument("--churn", type=int, default=0,
+                   help="steps a request runs before a newcomer of its group replaces it (0: nobody leaves)")
     p.add_argument("--json", help="write the cells and settings here (and a PNG of the ratios beside it)")
     args = p.parse_args(argv)
     args.group_sizes = [int(g) for g in args.group_sizes.split(",")]
     args.prefix_lens = [int(n) for n in args.prefix_lens.split(",")]
     bad = [g for g in args.group_sizes if g < 1 or args.batch % g]
-    if bad or args.repeats < 1 or args.own_len < 1 or args.page_size < 1:
+    if bad or args.repeats < 1 or args.own_len < 1 or args.page_size < 1 or args.churn < 0:
         p.error(f"group sizes must divide --batch {args.batch} (bad: {bad}); --repeats, --own-len,"
-                " --page-size must be >= 1")
+                " --page-size must be >= 1, --churn >= 0")
     return args
 
 
@@ -190,7 +218,7 @@ def main(argv=None) -> int:
             print(format_table(cells[-1:]).splitlines()[-1], flush=True)
     geometry = GEOMETRIES[args.geometry]
     print(f"\nbench_attention geometry={args.geometry} {asdict(geometry)} page_size={args.page_size} "
-          f"batch={args.batch} own_len~{args.own_len} threads={args.threads} repeats={args.repeats} "
+          f"batch={args.batch} own_len~{args.own_len} threads={args.threads} repeats={args.repeats} churn={args.churn} "
           f"free pages {'scattered' if args.scatter else 'in pool order'} "
           f"({platform.machine()}, {torch.get_num_threads()} torch thread(s))\n")
     print(format_table(cells))

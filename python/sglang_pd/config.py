@@ -29,7 +29,6 @@ MOONCAKE_MAX_BATCH_DESCRIPTORS = f"{PREFIX}MOONCAKE_MAX_BATCH_DESCRIPTORS"
 PEER_SECRET_FILE = f"{PREFIX}PEER_SECRET_FILE"
 PEER_AUTH_MAX_SKEW_S = f"{PREFIX}PEER_AUTH_MAX_SKEW_S"
 UNCLAIMED_ROOM_TTL_S = f"{PREFIX}UNCLAIMED_ROOM_TTL_S"
-SHARED_ATTN_ARENA_TOKENS = f"{PREFIX}SHARED_ATTN_ARENA_TOKENS"
 
 
 class SettingsError(ValueError):
@@ -152,11 +151,6 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(UNCLAIMED_ROOM_TTL_S, "unclaimed_room_ttl_s", "120",
             "prefill: seconds a room's transfer infos are kept while no local request claims the room",
             _positive("seconds")),
-    # Shared-prefix decode attention (srt/disaggregation/own_kv_arena.py); only read by that backend.
-    Setting(SHARED_ATTN_ARENA_TOKENS, "shared_attn_arena_tokens", None,
-            "decode with --attention-backend sglang_pd_shared_prefix: how many tokens of running requests' own "
-            "KV are kept between steps, float32, 2 x kv heads x head_dim per layer each (default: twice the KV "
-            "pool's size; 0: read own parts from the pool every step)", _count(0)),
     Setting(TEST_LOGS, "test_logs", None,
             "tests only: folder where the integration tier keeps server logs (default /tmp/sglang_pd-test-logs)",
             _folder),
@@ -180,7 +174,6 @@ class Settings:
     peer_secret_file: Path | None = None
     peer_auth_max_skew_s: float = 30.0
     unclaimed_room_ttl_s: float = 120.0
-    shared_attn_arena_tokens: int | None = None
     test_logs: Path | None = None
 
     @classmethod

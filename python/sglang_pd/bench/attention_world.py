@@ -41,8 +41,7 @@ class DecodeWorld:
     """Real pools + both backends for one geometry and page size. Single-threaded; mutates its pools."""
 
     def __init__(self, geometry: Geometry, page_size: int, pool_tokens: int, max_requests: int,
-                 max_context: int, seed: int = 0, shuffle_free_pages: bool = False,
-                 arena_budget_tokens: int | None = None):
+                 max_context: int, seed: int = 0, shuffle_free_pages: bool = False):
         from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
         from sglang.srt.layers.radix_attention import RadixAttention
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -63,22 +62,23 @@ class DecodeWorld:
         self._runner = SimpleNamespace(device="cpu", req_to_token_pool=self.rows, token_to_kv_pool=self.kv)
         self.stats = SharedAttentionStats(PDCounters())
         self.plain = TorchNativeAttnBackend(self._runner)
-        self.shared = self.shared_backend(self.stats, arena_budget_tokens)
+        self.shared = self.shared_backend(self.stats)
         self.layers = [RadixAttention(g.num_q_heads, g.head_dim, g.head_dim ** -0.5, g.num_kv_heads, layer_id=i)
                        for i in range(g.num_layers)]
         self.seq_lens: list[int] = []
         self.row_ids: list[int] = []
         self.rids: list[str] = []
         self._next_row = 0
+        self._free_rows: list[int] = []  # req_to_token rows of retired requests, reused as SGLang reuses them
+        self._num_added = 0
 
-    def shared_backend(self, stats: SharedAttentionStats, arena_budget_tokens: int | None = None):
-        """Another SharedPrefixAttnBackend over this world's pools (None: the arena's default budget)."""
+    def shared_backend(self, stats: SharedAttentionStats):
+        """Another SharedPrefixAttnBackend over this world's pools."""
         from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
         from sglang_pd.srt.hooks.attention_backend import SharedPrefixAttnBackend
 
-        return SharedPrefixAttnBackend(TorchNativeAttnBackend(self._runner), stats,
-                                       arena_budget_tokens=arena_budget_tokens)
+        return SharedPrefixAttnBackend(TorchNativeAttnBackend(self._runner), stats)
 
     def alloc(self, num_tokens: int) -> torch.Tensor:
         """`num_tokens` fresh slots (whole pages taken) with random K/V in every layer."""
@@ -119,14 +119,25 @@ class DecodeWorld:
         return self.add_row(row)
 
     def add_row(self, row: torch.Tensor) -> int:
-        """A running request whose row is exactly `row` (its last slot takes this step's token)."""
-        index = self._next_row
-        self._next_row += 1
+        """A running request whose row is exactly `row` (its last slot takes this step's token); it
+        takes a retired request's req_to_token row if there is one. Returns its batch position (last)."""
+        if self._free_rows:
+            index = self._free_rows.pop()
+        else:
+            index = self._next_row
+            self._next_row += 1
         self.rows.req_to_token[index, :len(row)] = row.to(self.rows.req_to_token.dtype)
         self.row_ids.append(index)
         self.seq_lens.append(len(row))
-        self.rids.append(f"req-{index}")
+        self.rids.append(f"req-{self._num_added}")  # unique, as SGLang's rids are
+        self._num_added += 1
         return len(self.row_ids) - 1
+
+    def retire(self, position: int) -> None:
+        """The request at batch `position` finished: it leaves the batch and its req_to_token row is
+        free for a later request (its KV slots stay allocated; the pool is sized for a whole run)."""
+        self._free_rows.append(self.row_ids[position])
+        self.remove(position)
 
     def advance(self) -> None:
         """The next decode step: every request gets one more slot, which takes that step's token."""

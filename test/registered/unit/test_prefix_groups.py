@@ -1,14 +1,14 @@
 """Group detection on its own (bare tensors): exact segments, nesting, thresholds, never a wrong group;
-the partial-attention merge and the own-part bucketing it relies on."""
+the partial-attention merge it relies on (torch for segments, the C kernel for own parts)."""
 
 import random
 
 import pytest
 import torch
 
-from sglang_pd.srt.disaggregation.attention_partials import merge, merge_into, rows_partial, segment_partial
+from sglang_pd.srt.disaggregation.attention_partials import merge, segment_partial
+from sglang_pd.srt.disaggregation.own_decode_kernel import OwnDecodeKernel, OwnSlots
 from sglang_pd.srt.disaggregation.prefix_groups import find_prefix_groups
-from sglang_pd.srt.disaggregation.shared_prefix_attention import bucket_by_length
 
 pytestmark = pytest.mark.unit
 
@@ -126,20 +126,14 @@ def test_segment_plus_own_parts_merge_to_full_attention(heads):
     q = torch.randn(3, num_q, 8, generator=gen)
     shared_k, shared_v = torch.randn(2, 20, num_kv, 8, generator=gen)
     own = [torch.randn(2, n, num_kv, 8, generator=gen) for n in (5, 2, 0)]  # request 2: no own keys
-    out = torch.zeros(3, num_q, 8)
-    lse = torch.full((3, num_q), float("-inf"))
-    width = 7  # wider than either row: padding at the end, and request 1's first key masked (a front mask)
-    pad_k = torch.zeros(2, num_kv, width, 8)  # request-major, as the arena lays rows out
-    pad_v = torch.zeros(2, num_kv, width, 8)
-    bias = torch.full((2, 1, 1, width), float("-inf"))
-    for i, front in ((0, 0), (1, 1)):
-        n = own[i].shape[1]
-        pad_k[i, :, front:front + n], pad_v[i, :, front:front + n] = own[i][0].transpose(0, 1), own[i][1].transpose(0, 1)
-        bias[i, ..., front:front + n] = 0.0
-    o, l = rows_partial(q[:2], pad_k, pad_v, bias)
-    out[:2], lse[:2] = o, l
+    # the own keys live in a pool at scattered slots, as SGLang's KV pool holds them
+    pool_k, pool_v = torch.randn(2, 40, num_kv, 8, generator=gen)
+    slots = torch.randperm(40, generator=gen)[:7].to(torch.int32)
+    pool_k[slots[:5].long()], pool_v[slots[:5].long()] = own[0][0], own[0][1]
+    pool_k[slots[5:].long()], pool_v[slots[5:].long()] = own[1][0], own[1][1]
     o, l = segment_partial(q, shared_k.transpose(0, 1).contiguous(), shared_v.transpose(0, 1).contiguous())
-    merge_into(out, lse, torch.arange(3), o, l)
+    out, lse = o.contiguous(), l.contiguous()
+    OwnDecodeKernel().merge_own(q, pool_k, pool_v, OwnSlots(torch.tensor([0, 5, 7, 7]), slots), out, lse)
     for i in range(3):
         keys = torch.cat([shared_k, own[i][0]])
         values = torch.cat([shared_v, own[i][1]])
@@ -167,13 +161,3 @@ def test_merge_of_two_partials_is_attention_over_both_key_sets(shift):
     assert torch.allclose(lse, torch.logsumexp(scores, dim=-1), atol=1e-5, rtol=1e-6)
     empty_out, empty_lse = merge(torch.zeros_like(o_b), torch.full_like(l_b, float("-inf")), o_b, l_b)
     assert torch.equal(empty_out, o_b) and torch.equal(empty_lse, l_b)
-
-
-def test_buckets_keep_padding_within_the_fill_bound_and_skip_empty_parts():
-    lengths = [100, 0, 7, 60, 51, 49, 8, 100]
-    buckets = bucket_by_length(lengths, min_fill=0.5)
-    assert sorted(i for b in buckets for i in b) == [0, 2, 3, 4, 5, 6, 7]
-    for bucket in buckets:
-        assert min(lengths[i] for i in bucket) >= 0.5 * max(lengths[i] for i in bucket)
-    with pytest.raises(ValueError):
-        bucket_by_length(lengths, min_fill=0)

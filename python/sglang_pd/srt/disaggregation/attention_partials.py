@@ -10,12 +10,11 @@ the result over their union:
 (o = 0, lse = -inf), which the merge leaves out.
 
 Shapes: q [num_queries, num_q_heads, head_dim] already multiplied by the softmax scale; query head h
-reads kv head h // (num_q_heads / num_kv_heads) (GQA/MQA). Keys and values:
-- a shared segment HEAD-major, [num_kv_heads, tokens, head_dim]: all members' queries against it;
-- requests' own parts REQUEST-major, [requests, num_kv_heads, width, head_dim] (a strided view of a
-  wider buffer is fine), each request against its own keys.
+reads kv head h // (num_q_heads / num_kv_heads) (GQA/MQA). A shared segment's keys and values are
+HEAD-major, [num_kv_heads, tokens, head_dim]: all members' queries against it. (Requests' own parts
+are read in place from the pool by the C kernel, own_decode_kernel.py, which merges the same way.)
 
-Both partials run torch's fused CPU attention kernel (`aten::_scaled_dot_product_flash_attention_for_cpu`,
+The segment partial runs torch's fused CPU attention kernel (`aten::_scaled_dot_product_flash_attention_for_cpu`,
 the kernel `scaled_dot_product_attention` dispatches to on CPU, which also returns the log-sum-exp
 this merge needs): one call replaces the ~10 tensor ops of a matmul + softmax + matmul and reads the
 keys and values in cache-sized blocks. It is a torch-internal op: the backend refuses to start when
@@ -69,18 +68,6 @@ def segment_partial(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor) -
     out, lse = _attend(qh, keys.unsqueeze(0), values.unsqueeze(0), None)       # [1, Hkv, m*G, Dv], [1, Hkv, m*G]
     out = out.view(num_kv_heads, m, group, -1).permute(1, 0, 2, 3).reshape(m, num_q_heads, -1)
     return out, lse.reshape(num_kv_heads, m, group).permute(1, 0, 2).reshape(m, num_q_heads)
-
-
-def rows_partial(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor,
-                 bias: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each request against its own keys: q [b, Hq, D], keys [b, Hkv, L, D], values [b, Hkv, L, Dv].
-
-    `bias` [b, 1, 1, L] is 0 on the keys a request reads and -inf elsewhere (None: all L keys of
-    every row); every row needs at least one key it reads. Returns (o [b, Hq, Dv], lse [b, Hq]).
-    """
-    b, num_q_heads, _ = q.shape
-    out, lse = _attend(_grouped(q, keys.shape[1]), keys, values, bias)        # [b, Hkv, G, Dv], [b, Hkv, G]
-    return out.reshape(b, num_q_heads, -1), lse.reshape(b, num_q_heads)
 
 
 def merge(acc_out: torch.Tensor, acc_lse: torch.Tensor, part_out: torch.Tensor,

@@ -1,12 +1,16 @@
 """Each shared segment's KV, gathered head-major once and reused while the segment lasts.
 
-    SegmentKVCache.plan(segments, parts, pool) --one SegmentStep per segment--> each layer's keys/values
+    SegmentKVCache.plan(segments, keys, continuing, pool) --one SegmentStep per segment--> each layer's keys/values
 
 A shared segment (prefix_groups.py: a system prompt, an earlier turn, a branch) is read by all its
 members in every layer of every decode step. Its KV is gathered from the pool once into a float32
-[kv heads, tokens, head_dim] tensor per layer; a later forward reuses it when the segment spans the same
-columns and slots and at least one member of it then is a member now and continuing (own_kv_arena.py
-explains why such a request held those slots all along, so their KV was not rewritten). An entry no
+[kv heads, tokens, head_dim] tensor per layer (the layout the fused attention kernel reads for all
+members' queries at once); a later forward reuses it when the segment spans the same columns and slots
+and at least one member of it then is a member now and continuing. Why that proves the KV unchanged:
+a continuing request (in the previous decode forward with seq_len one less, same rid and
+req_to_token row) never left SGLang's running batch in between (finishing, aborting and retraction
+all leave it out of the next forward; SGLang retracts only while it keeps at least one request
+running), so it held those slots all along, and SGLang never rewrites a held slot's KV. An entry no
 forward used is dropped, so the cache holds at most the KV of the latest forward's segments.
 
 Pure torch, no SGLang import. Not thread-safe: the scheduler thread owns it.
@@ -19,8 +23,14 @@ from typing import NamedTuple, Sequence
 
 import torch
 
-from sglang_pd.srt.disaggregation.own_kv_arena import OwnPart, RequestKey
 from sglang_pd.srt.disaggregation.prefix_groups import SharedSegment
+
+
+class RequestKey(NamedTuple):
+    """Who a batch position is: SGLang's request id and its req_to_token row."""
+
+    rid: str
+    req_pool_index: int
 
 
 @dataclass(frozen=True)
@@ -52,23 +62,24 @@ class SegmentKVCache:
         self.num_kv_heads, self.head_dim = num_kv_heads, head_dim
         self._entries: dict[tuple[int, int, int, int], _Entry] = {}  # (start, end, first slot, last slot)
 
-    def plan(self, segments: Sequence[SharedSegment], parts: Sequence[OwnPart], pool_k: Sequence[torch.Tensor],
-             pool_v: Sequence[torch.Tensor]) -> tuple[SegmentStep, ...]:
-        """The KV of each of this forward's `segments` (of the batch whose positions `parts` describes),
-        reused or gathered from the pool buffers of every layer ([slots, kv heads, head_dim]).
-        Mutates the cache: it then holds exactly these segments."""
+    def plan(self, segments: Sequence[SharedSegment], keys: Sequence[RequestKey], continuing: Sequence[bool],
+             pool_k: Sequence[torch.Tensor], pool_v: Sequence[torch.Tensor]) -> tuple[SegmentStep, ...]:
+        """The KV of each of this forward's `segments` (of the batch whose positions `keys` name;
+        `continuing[i]`: position i was in the previous decode forward with one token fewer), reused or
+        gathered from the pool buffers of every layer ([slots, kv heads, head_dim]). Mutates the cache:
+        it then holds exactly these segments."""
         entries: dict[tuple[int, int, int, int], _Entry] = {}
         steps = []
         for seg in segments:
             key = (seg.start, seg.end, int(seg.slots[0]), int(seg.slots[-1]))
-            members = frozenset(parts[m].key for m in seg.members)
+            members = frozenset(keys[m] for m in seg.members)
             entry = entries.get(key)  # the same slots twice in one forward: same KV, gathered once
             if entry is not None and torch.equal(entry.slots, seg.slots):
                 steps.append(SegmentStep(torch.tensor(seg.members, dtype=torch.int64), entry.k, entry.v, False))
                 continue
             entry = self._entries.get(key)
             reuse = entry is not None and torch.equal(entry.slots, seg.slots) and any(
-                parts[m].continuing and parts[m].key in entry.members for m in seg.members)
+                continuing[m] and keys[m] in entry.members for m in seg.members)
             if reuse:
                 entry = entry._replace(members=members)
             else:

@@ -8,7 +8,7 @@ Scheduler thread only.
 from __future__ import annotations
 
 import enum
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 from sglang_pd.srt.disaggregation.prefix_groups import PrefixGrouping
 
@@ -38,17 +38,12 @@ SHARED_ATTENTION_METRICS: dict[str, tuple[str, str]] = {
     "shared_attn_shared_tokens_total": ("counter", "KV tokens read once for a whole group, summed over steps (per layer)"),
     "shared_attn_kv_reads_saved_tokens_total": (
         "counter", "KV token reads saved against one read per request, summed over steps (per layer)"),
-    "shared_attn_own_tokens_total": ("counter", "KV tokens of requests' own parts read, padding included (per layer)"),
-    "shared_attn_arena_filled_tokens_total": (
-        "counter", "own-part KV tokens copied from the pool into the arena (new, refilled or moved rows; per layer)"),
-    "shared_attn_own_gathered_tokens_total": (
-        "counter", "own-part KV tokens gathered from the pool because the arena budget was full, summed over steps "
-                   "(per layer, padding included)"),
+    "shared_attn_own_tokens_total": (
+        "counter", "KV tokens of requests' own parts read in place from the pool, summed over steps (per layer)"),
     "shared_attn_segment_gathered_tokens_total": (
         "counter", "shared-segment KV tokens gathered from the pool (a segment not reused from the previous step)"),
     "shared_attn_extend_queries_total": (
         "counter", "extend query tokens attended with only their own queries (offset-causal; per layer call)"),
-    "shared_attn_arena_tokens": ("gauge", "own-KV arena tokens allocated (SGLANG_PD_SHARED_ATTN_ARENA_TOKENS bounds it)"),
     **{fallback_metric(r): ("counter", f"decode attention layer calls served by the wrapped backend: {r.value}")
        for r in FallbackReason},
 }
@@ -63,8 +58,6 @@ class StepSummary(NamedTuple):
     num_shared_tokens: int
     num_reads_saved: int
     num_own_tokens: int
-    num_arena_filled_tokens: int
-    num_own_gathered_tokens: int
     num_segment_gathered_tokens: int
 
 
@@ -74,21 +67,21 @@ class SharedAttentionStats:
     def __init__(self, counters):
         self.counters = counters
         self.backend: str | None = None  # set when this process created the backend
-        self._arena_view: Callable[[], dict] | None = None
+        self.kernel: dict | None = None  # how the own-part kernel was built, when this process has the backend
         self.last_step: StepSummary | None = None
 
-    def on_backend_created(self, name: str, arena_view: Callable[[], dict] | None = None) -> None:
-        """The attention backend `name` serves this process; `arena_view()` describes its own-KV arena
-        for /sglang_pd/stats (mutates)."""
+    def on_backend_created(self, name: str, kernel: dict | None = None) -> None:
+        """The attention backend `name` serves this process, its own-part kernel built as `kernel`
+        describes (mutates)."""
         self.backend = name
-        self._arena_view = arena_view
+        self.kernel = kernel
 
-    def on_step(self, grouping: PrefixGrouping, plan, arena_tokens: int) -> StepSummary:
+    def on_step(self, grouping: PrefixGrouping, plan) -> StepSummary:
         """One decode forward was planned with `grouping` into `plan` (a shared_prefix_attention
-        DecodePlan); the arena now holds `arena_tokens`. Mutates the counters."""
+        DecodePlan). Mutates the counters."""
         step = StepSummary(len(grouping.seq_lens), grouping.num_groups, grouping.num_grouped_requests,
                            grouping.num_shared_tokens, grouping.num_reads_saved, plan.num_own_tokens,
-                           plan.arena.num_filled_tokens, plan.num_gathered_own_tokens, plan.num_gathered_segment_tokens)
+                           plan.num_gathered_segment_tokens)
         add = self.counters.add
         add("shared_attn_decode_steps_total", 1)
         add("shared_attn_groups_total", step.num_groups)
@@ -96,11 +89,8 @@ class SharedAttentionStats:
         add("shared_attn_shared_tokens_total", step.num_shared_tokens)
         add("shared_attn_kv_reads_saved_tokens_total", step.num_reads_saved)
         add("shared_attn_own_tokens_total", step.num_own_tokens)
-        add("shared_attn_arena_filled_tokens_total", step.num_arena_filled_tokens)
-        add("shared_attn_own_gathered_tokens_total", step.num_own_gathered_tokens)
         add("shared_attn_segment_gathered_tokens_total", step.num_segment_gathered_tokens)
         self.counters.set("shared_attn_groups_last_step", step.num_groups)
-        self.counters.set("shared_attn_arena_tokens", arena_tokens)
         self.last_step = step
         return step
 
@@ -119,6 +109,6 @@ class SharedAttentionStats:
             "backend": self.backend,
             "last_step": None if self.last_step is None else self.last_step._asdict(),
             "fallback_layer_calls": {r.value: values[fallback_metric(r)] for r in FallbackReason},
-            "arena": None if self._arena_view is None else self._arena_view(),
+            "kernel": self.kernel,
             **{name: values[name] for name in SHARED_ATTENTION_METRICS if not name.startswith("shared_attn_fallback")},
         }

@@ -6,8 +6,8 @@ The backend wraps SGLang's `TorchNativeAttnBackend` (built from the same model r
 
 - decode forwards: grouped once per forward (`init_forward_metadata`) by the KV slots the requests'
   req_to_token rows share (prefix_groups.py) and planned by `SharedPrefixDecoder` (each segment read
-  once for all its members, own parts read in place from the own-KV arena kept between steps); every
-  layer then runs `SharedPrefixDecoder.attend`;
+  once for all its members, own parts read in place from the pool by a C kernel,
+  own_decode_kernel.py); every layer then runs `SharedPrefixDecoder.attend`;
 - extend forwards (prefill servers, decode-local prefill): causal self-attention attends with only the
   new queries (local_extend_attention.offset_causal_extend);
 - what it does not serve goes to the wrapped backend: decode layer calls counted by reason
@@ -15,9 +15,11 @@ The backend wraps SGLang's `TorchNativeAttnBackend` (built from the same model r
   pool), and extend layer calls that are not plain causal self-attention; idle forwards.
 
 Refused at start-up (ValueError naming the flag): a device other than CPU (the GPU form is a plan
-in README), a torch without the fused CPU attention kernel (attention_partials.py), torch.compile / CPU graphs, MLA models, KV pools other than MHATokenToKVPool /
-SWAKVPool, quantised (fp8) KV, KV buffers not laid out [tokens, kv heads, head_dim] and value heads
-unlike key heads. Logic lives in srt/disaggregation; this file stays thin.
+in README), a torch without the fused CPU attention kernel (attention_partials.py), no C compiler to
+build the own-part kernel (own_decode_kernel.py), torch.compile / CPU graphs, MLA models, KV pools
+other than MHATokenToKVPool / SWAKVPool, quantised (fp8) KV, KV buffers not laid out contiguous
+[tokens, kv heads, head_dim] and value heads unlike key heads. Logic lives in srt/disaggregation;
+this file stays thin.
 """
 
 from __future__ import annotations
@@ -28,10 +30,11 @@ from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang_pd.srt.disaggregation.attention_partials import missing_kernel
 from sglang_pd.srt.disaggregation.local_extend_attention import (MixedRows, offset_causal_extend,
                                                                   offset_causal_extend_rows)
-from sglang_pd.srt.disaggregation.own_kv_arena import RequestKey
+from sglang_pd.srt.disaggregation.own_decode_kernel import OwnDecodeKernel, build_problem
 from sglang_pd.srt.disaggregation.prefix_groups import find_prefix_groups
+from sglang_pd.srt.disaggregation.segment_kv_cache import RequestKey
 from sglang_pd.srt.disaggregation.shared_attention_stats import FallbackReason, SharedAttentionStats
-from sglang_pd.srt.disaggregation.shared_prefix_attention import DEFAULT_MIN_FILL, DecodePlan, SharedPrefixDecoder
+from sglang_pd.srt.disaggregation.shared_prefix_attention import DecodePlan, SharedPrefixDecoder
 from sglang_pd.srt.state import current
 
 BACKEND_NAME = "sglang_pd_shared_prefix"
@@ -39,7 +42,6 @@ BACKEND_NAME = "sglang_pd_shared_prefix"
 # in per-group work than they save in KV reads (bench_attention).
 MIN_SHARED_TOKENS = 16
 _KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-DEFAULT_ARENA_POOLS = 4  # default own-KV arena budget, in KV pool sizes
 
 
 def register_backend_choice() -> None:
@@ -68,6 +70,8 @@ def unsupported_runner(runner) -> str | None:
         return f"device {runner.device}: only the CPU implementation exists (README: GPU plan)"
     if missing_kernel() is not None:
         return missing_kernel()
+    if build_problem() is not None:
+        return f"its own-part C kernel cannot be built here: {build_problem()}"
     if get_flags().capture.enable_torch_compile:
         return "--enable-torch-compile (CPU graphs): the backend runs eagerly only"
     if runner.use_mla_backend:
@@ -79,8 +83,8 @@ def unsupported_runner(runner) -> str | None:
         return f"KV cache dtype {pool.dtype}: quantised KV is not read (float32/float16/bfloat16 only)"
     if isinstance(pool, MHATokenToKVPool):
         keys, values = pool.get_key_buffer(pool.start_layer), pool.get_value_buffer(pool.start_layer)
-        if keys.dim() != 3 or keys.shape[1] != pool.head_num:
-            return f"KV buffer of shape {tuple(keys.shape)}: expected [tokens, {pool.head_num} heads, head_dim]"
+        if keys.dim() != 3 or keys.shape[1] != pool.head_num or not keys.is_contiguous():
+            return f"KV buffer of shape {tuple(keys.shape)}: expected contiguous [tokens, {pool.head_num} heads, head_dim]"
         if values.shape != keys.shape:
             return f"value buffer {tuple(values.shape)} unlike key buffer {tuple(keys.shape)} (v_head_dim != head_dim)"
     return None
@@ -95,11 +99,9 @@ def create_backend(runner):
     problem = unsupported_runner(runner)
     if problem is not None:
         raise ValueError(f"--attention-backend {BACKEND_NAME} cannot serve this server: {problem}")
-    state = current()
-    stats = state.shared_attention
-    backend = SharedPrefixAttnBackend(TorchNativeAttnBackend(runner), stats,
-                                      arena_budget_tokens=state.settings.shared_attn_arena_tokens)
-    stats.on_backend_created(BACKEND_NAME, backend.decoder.arena.snapshot)
+    stats = current().shared_attention
+    backend = SharedPrefixAttnBackend(TorchNativeAttnBackend(runner), stats)
+    stats.on_backend_created(BACKEND_NAME, backend.decoder.kernel.describe())
     return backend
 
 
@@ -130,19 +132,15 @@ def _extend_fallback(layer, forward_batch) -> bool:
 class SharedPrefixAttnBackend(AttentionBackend):
     """SGLang AttentionBackend: shared-prefix decode, everything else by the wrapped `inner` backend."""
 
-    def __init__(self, inner, stats: SharedAttentionStats, min_shared_tokens: int = MIN_SHARED_TOKENS,
-                 min_fill: float = DEFAULT_MIN_FILL, arena_budget_tokens: int | None = None):
-        """`arena_budget_tokens`: own KV kept between steps (own_kv_arena.py); None: DEFAULT_ARENA_POOLS x
-        the pool's size (running own parts never exceed the pool; a row's width is rounded up by at most
-        1.5x and rows are allocated in doubling counts)."""
+    def __init__(self, inner, stats: SharedAttentionStats, min_shared_tokens: int = MIN_SHARED_TOKENS):
+        """Raises KernelBuildError when the own-part C kernel cannot be built here."""
         super().__init__()
         self.inner = inner
         self.stats = stats
         self.min_shared_tokens = min_shared_tokens
         pool = inner.token_to_kv_pool
         self.layer_ids = range(pool.start_layer, pool.start_layer + pool.layer_num)
-        budget = DEFAULT_ARENA_POOLS * pool.size if arena_budget_tokens is None else arena_budget_tokens
-        self.decoder = SharedPrefixDecoder(pool.layer_num, pool.head_num, pool.head_dim, budget, min_fill)
+        self.decoder = SharedPrefixDecoder(pool.head_num, pool.head_dim, OwnDecodeKernel())
         self.plan: DecodePlan | None = None
         self.batch_fallback: FallbackReason | None = None
         self.planned_batch = None  # the ForwardBatch the plan was built for (a plan never serves another)
@@ -183,7 +181,7 @@ class SharedPrefixAttnBackend(AttentionBackend):
         pool = self.inner.token_to_kv_pool
         plan = self.decoder.plan(grouping, rows, keys, [pool.get_key_buffer(i) for i in self.layer_ids],
                                  [pool.get_value_buffer(i) for i in self.layer_ids])
-        self.stats.on_step(grouping, plan, self.decoder.arena.num_tokens)
+        self.stats.on_step(grouping, plan)
         return plan
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
