@@ -22,7 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PREFETCH_TOKENS 8 /* rows of token t + PREFETCH_TOKENS are requested while token t is read */
+#define PREFETCH_TOKENS 16 /* rows of token t + PREFETCH_TOKENS are requested (into L2) while token t is read */
 #define MAX_HEAD_DIM 1024
 #define MAX_HEADS 1024
 
@@ -56,7 +56,7 @@ static const float *row_of(const void *buf, int32_t dtype, int64_t slot, int64_t
 
 static void prefetch_row(const void *buf, int64_t slot, int64_t row_bytes) {
     const char *p = (const char *)buf + slot * row_bytes;
-    for (int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(p + c);
+    for (int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(p + c, 0, 2); /* L2: the L1 fill buffers are few */
 }
 
 /* One request: online softmax over its own tokens into o (unnormalised), running max m and sum l. */
