@@ -59,9 +59,35 @@ static void prefetch_row(const void *buf, int64_t slot, int64_t row_bytes) {
     for (int64_t c = 0; c < row_bytes; c += 64) __builtin_prefetch(p + c, 0, 2); /* L2: the L1 fill buffers are few */
 }
 
-/* One request: online softmax over its own tokens into o (unnormalised), running max m and sum l. */
+/* exp(x) in float32 without libm, so that a loop of them vectorises: Cody-Waite range reduction to
+ * x = k ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial for exp(r) (Cephes' expf coefficients; about 1
+ * ulp), times 2^k built in the exponent bits. exp(x) = 0 below -87.3 (there float32 turns subnormal;
+ * a softmax weight that small is 0 to float32 anyway); NaN stays NaN. x <= 0 here (scores minus their max). */
+static inline float exp_nonpositive(float x) {
+    const float xc = x < -87.0f ? -87.0f : x;
+    const float kf = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
+    const float r = (xc - kf * 0.693359375f) - kf * -2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    const uint32_t bits = (uint32_t)((int32_t)kf + 127) << 23;
+    float scale;
+    memcpy(&scale, &bits, sizeof scale);
+    const float e = x < -87.3f ? 0.0f : p * scale;
+    return x != x ? x : e;
+}
+
+#define BLOCK 16 /* tokens whose scores are taken, exponentiated and accumulated together */
+
+/* One request: online softmax over its own tokens into o (unnormalised), running max m and sum l, a
+ * block of BLOCK tokens at a time (one rescale of o per block and head; the block's exps vectorise). */
 static void attend_own(const float *qb, const void *k, const void *v, int32_t dtype, const int32_t *sl, int64_t n,
-                       int64_t Hq, int64_t Hkv, int64_t D, float *o, float *m, float *l, float *tmp_k, float *tmp_v) {
+                       int64_t Hq, int64_t Hkv, int64_t D, float *o, float *m, float *l, float *s, float *tmp_k,
+                       float *tmp_v) {
     const int64_t G = Hq / Hkv, row_len = Hkv * D, row_bytes = row_len * (dtype == 0 ? 4 : 2);
     memset(o, 0, sizeof(float) * (size_t)(Hq * D));
     for (int64_t h = 0; h < Hq; h++) {
@@ -72,30 +98,52 @@ static void attend_own(const float *qb, const void *k, const void *v, int32_t dt
         prefetch_row(k, sl[t], row_bytes);
         prefetch_row(v, sl[t], row_bytes);
     }
-    for (int64_t t = 0; t < n; t++) {
-        if (t + PREFETCH_TOKENS < n) {
-            prefetch_row(k, sl[t + PREFETCH_TOKENS], row_bytes);
-            prefetch_row(v, sl[t + PREFETCH_TOKENS], row_bytes);
+    for (int64_t t0 = 0; t0 < n; t0 += BLOCK) {
+        const int64_t nb = n - t0 < BLOCK ? n - t0 : BLOCK;
+        for (int64_t j = 0; j < nb; j++) { /* scores s[hq * BLOCK + j] */
+            const int64_t t = t0 + j;
+            if (t + PREFETCH_TOKENS < n) {
+                prefetch_row(k, sl[t + PREFETCH_TOKENS], row_bytes);
+                prefetch_row(v, sl[t + PREFETCH_TOKENS], row_bytes);
+            }
+            const float *kr = row_of(k, dtype, sl[t], row_len, tmp_k);
+            for (int64_t h = 0; h < Hkv; h++) {
+                const float *kk = kr + h * D;
+                for (int64_t g = 0; g < G; g++) {
+                    const float *qq = qb + (h * G + g) * D;
+                    float acc = 0.f;
+#pragma omp simd reduction(+ : acc)
+                    for (int64_t d = 0; d < D; d++) acc += qq[d] * kk[d];
+                    s[(h * G + g) * BLOCK + j] = acc;
+                }
+            }
         }
-        const float *kr = row_of(k, dtype, sl[t], row_len, tmp_k), *vr = row_of(v, dtype, sl[t], row_len, tmp_v);
-        for (int64_t h = 0; h < Hkv; h++) {
-            const float *kk = kr + h * D, *vv = vr + h * D;
-            for (int64_t g = 0; g < G; g++) {
-                const int64_t hq = h * G + g;
-                const float *qq = qb + hq * D;
+        for (int64_t hq = 0; hq < Hq; hq++) { /* new max, rescale what was accumulated, the block's weights */
+            float *sh = s + hq * BLOCK, block_max = -INFINITY, sum = 0.f;
+            for (int64_t j = 0; j < nb; j++) block_max = sh[j] > block_max ? sh[j] : block_max;
+            if (block_max > m[hq]) {
+                const float c = m[hq] == -INFINITY ? 0.f : expf(m[hq] - block_max);
                 float *oo = o + hq * D;
-                float s = 0.f;
-#pragma omp simd reduction(+ : s)
-                for (int64_t d = 0; d < D; d++) s += qq[d] * kk[d];
-                if (s > m[hq]) { /* new running max: rescale what was accumulated (exp(-inf) = 0 at first) */
-                    const float c = expf(m[hq] - s);
-                    l[hq] = l[hq] * c + 1.f;
+                l[hq] *= c;
 #pragma omp simd
-                    for (int64_t d = 0; d < D; d++) oo[d] = oo[d] * c + vv[d];
-                    m[hq] = s;
-                } else {
-                    const float p = expf(s - m[hq]);
-                    l[hq] += p;
+                for (int64_t d = 0; d < D; d++) oo[d] *= c;
+                m[hq] = block_max;
+            }
+            const float mh = m[hq];
+#pragma omp simd reduction(+ : sum)
+            for (int64_t j = 0; j < nb; j++) {
+                sh[j] = exp_nonpositive(sh[j] - mh);
+                sum += sh[j];
+            }
+            l[hq] += sum;
+        }
+        for (int64_t j = 0; j < nb; j++) { /* o += weights x values */
+            const float *vr = row_of(v, dtype, sl[t0 + j], row_len, tmp_v);
+            for (int64_t h = 0; h < Hkv; h++) {
+                const float *vv = vr + h * D;
+                for (int64_t g = 0; g < G; g++) {
+                    const float p = s[(h * G + g) * BLOCK + j];
+                    float *oo = o + (h * G + g) * D;
 #pragma omp simd
                     for (int64_t d = 0; d < D; d++) oo[d] += p * vv[d];
                 }
@@ -114,13 +162,13 @@ int sglang_pd_own_decode_merge(const float *q, const void *k, const void *v, int
         if (indptr[b + 1] < indptr[b]) return 2;
     for (int64_t i = 0; i < indptr[num_reqs]; i++)
         if (slots[i] < 0 || slots[i] >= num_slots) return 1;
-    float *scratch = malloc(sizeof(float) * (size_t)(Hq * D + 2 * Hq + 2 * Hkv * D));
+    float *scratch = malloc(sizeof(float) * (size_t)(Hq * D + 2 * Hq + Hq * BLOCK + 2 * Hkv * D));
     if (scratch == NULL) return 3;
-    float *o = scratch, *m = o + Hq * D, *l = m + Hq, *tmp_k = l + Hq, *tmp_v = tmp_k + Hkv * D;
+    float *o = scratch, *m = o + Hq * D, *l = m + Hq, *s = l + Hq, *tmp_k = s + Hq * BLOCK, *tmp_v = tmp_k + Hkv * D;
     for (int64_t b = 0; b < num_reqs; b++) {
         const int64_t n = indptr[b + 1] - indptr[b];
         if (n == 0) continue;
-        attend_own(q + b * Hq * D, k, v, dtype, slots + indptr[b], n, Hq, Hkv, D, o, m, l, tmp_k, tmp_v);
+        attend_own(q + b * Hq * D, k, v, dtype, slots + indptr[b], n, Hq, Hkv, D, o, m, l, s, tmp_k, tmp_v);
         for (int64_t hq = 0; hq < Hq; hq++) {
             const float lse_own = m[hq] + logf(l[hq]), inv = 1.f / l[hq];
             float *ao = acc_o + (b * Hq + hq) * D;
