@@ -29,6 +29,7 @@ MOONCAKE_MAX_BATCH_DESCRIPTORS = f"{PREFIX}MOONCAKE_MAX_BATCH_DESCRIPTORS"
 PEER_SECRET_FILE = f"{PREFIX}PEER_SECRET_FILE"
 PEER_AUTH_MAX_SKEW_S = f"{PREFIX}PEER_AUTH_MAX_SKEW_S"
 UNCLAIMED_ROOM_TTL_S = f"{PREFIX}UNCLAIMED_ROOM_TTL_S"
+IDLE_WAIT_US = f"{PREFIX}IDLE_WAIT_US"
 
 
 class SettingsError(ValueError):
@@ -63,6 +64,16 @@ def _count(minimum: int) -> Callable[[str], int]:
         if number < minimum:
             raise ValueError(f"must be >= {minimum} tokens")
         return number
+
+    return parse
+
+
+def _bounded_count(minimum: int, maximum: int, unit: str) -> Callable[[str], int]:
+    """A parser of a whole number of `unit` in [minimum, maximum]."""
+    def parse(value: str) -> int:
+        if not value.isdigit() or not minimum <= int(value) <= maximum:
+            raise ValueError(f"must be a whole number of {unit} in [{minimum}, {maximum}]")
+        return int(value)
 
     return parse
 
@@ -151,6 +162,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(UNCLAIMED_ROOM_TTL_S, "unclaimed_room_ttl_s", "120",
             "prefill: seconds a room's transfer infos are kept while no local request claims the room",
             _positive("seconds")),
+    # PD schedulers waiting on transfers (srt/disaggregation/idle_wait.py).
+    Setting(IDLE_WAIT_US, "idle_wait_us", "500",
+            "prefill and decode: microseconds a scheduler with transfers or handshakes in flight and nothing to "
+            "run sleeps before it looks again (upstream spins a core on sleep(0); 0 keeps that)",
+            _bounded_count(0, 100_000, "microseconds")),
     Setting(TEST_LOGS, "test_logs", None,
             "tests only: folder where the integration tier keeps server logs (default /tmp/sglang_pd-test-logs)",
             _folder),
@@ -174,6 +190,7 @@ class Settings:
     peer_secret_file: Path | None = None
     peer_auth_max_skew_s: float = 30.0
     unclaimed_room_ttl_s: float = 120.0
+    idle_wait_us: int = 500
     test_logs: Path | None = None
 
     @classmethod

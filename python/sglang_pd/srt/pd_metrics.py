@@ -102,6 +102,10 @@ METRICS: dict[str, tuple[str, str]] = {
     "unclaimed_rooms_expired_total": ("counter", "rooms whose transfer infos were dropped: no request claimed them"),
     "pd_threads_dead": ("gauge", "PD threads (bootstrap, status listener, transfer workers) found dead; /health "
                                  "fails while > 0"),
+    # PD scheduler waits (srt/disaggregation/idle_wait.py)
+    "pd_idle_waits_total": ("counter", "sleeps of a PD scheduler that had transfers or handshakes in flight and nothing "
+                                       "to run (SGLANG_PD_IDLE_WAIT_US; upstream spins)"),
+    "pd_idle_wait_seconds_total": ("counter", "seconds those sleeps took"),
     # shared-prefix decode attention (srt/hooks/attention_backend.py; names in shared_attention_stats.py)
     **SHARED_ATTENTION_METRICS,
 }

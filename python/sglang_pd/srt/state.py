@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from sglang_pd.config import Settings
 from sglang_pd.srt.disaggregation.admission_round import AdmissionRound
 from sglang_pd.srt.disaggregation.decode_admission import DecodePrefixAdmission
+from sglang_pd.srt.disaggregation.idle_wait import IdleWait
 from sglang_pd.srt.disaggregation.local_prefill import LocalPrefill
 from sglang_pd.srt.disaggregation.nixl_host_memory import HostMemoryScope
 from sglang_pd.srt.disaggregation.peer_guard import PeerGuard, load_auth
@@ -91,6 +92,7 @@ class ProcessState:
     transfer_watch: TransferWatch
     shared_attention: SharedAttentionStats
     peer_guard: PeerGuard
+    idle_wait: IdleWait
     applied_hooks: list[str] = field(default_factory=list)
     last_integrity: IntegrityReport | None = None
 
@@ -164,7 +166,8 @@ def build_state(kind: ProcessKind, settings: Settings) -> ProcessState:
         transfer_watch=TransferWatch(settings.nixl_stall_timeout_s, prefill_log, faults),
         shared_attention=SharedAttentionStats(counters),
         peer_guard=PeerGuard(auth=load_auth(settings.peer_secret_file, settings.peer_auth_max_skew_s),
-                             room_ttl_s=settings.unclaimed_room_ttl_s))
+                             room_ttl_s=settings.unclaimed_room_ttl_s),
+        idle_wait=IdleWait(settings.idle_wait_us / 1e6, counters))
 
 
 _current: ProcessState | None = None

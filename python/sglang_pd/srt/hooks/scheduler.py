@@ -179,3 +179,15 @@ def after_abort_request(result, scheduler, recv_req):
             req.finished_reason = FINISH_ABORT()
         release_local(scheduler, req)
     return result
+
+
+def after_on_idle(result, scheduler):
+    """A PD scheduler that is not fully idle (transfers, handshakes in flight) and had nothing to run
+    sleeps SGLANG_PD_IDLE_WAIT_US instead of spinning on upstream's sleep(0) (idle_wait.py)."""
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+
+    wait = current().idle_wait
+    if (wait.enabled and scheduler.disaggregation_mode != DisaggregationMode.NULL
+            and not scheduler.is_fully_idle()):
+        wait.wait()
+    return result

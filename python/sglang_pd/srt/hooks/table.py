@@ -187,6 +187,10 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         scheduler.after_is_disable_overlap_for_batch, ProcessKind.SCHEDULER,
         "overlap loop: a local extend's result (first token) is processed before the next batch launches"),
     HookSpec(
+        "sglang.srt.managers.scheduler.Scheduler.on_idle", "AFTER", scheduler.after_on_idle, ProcessKind.SCHEDULER,
+        "a PD scheduler with transfers in flight and nothing to run sleeps SGLANG_PD_IDLE_WAIT_US instead of "
+        "spinning a core on sleep(0)"),
+    HookSpec(
         "sglang.srt.managers.scheduler.Scheduler.is_fully_idle", "AFTER", scheduler.after_is_fully_idle,
         ProcessKind.SCHEDULER, "not idle while local-prefill requests hold pages (no idle sleep, no idle "
         "leak check on them)"),
