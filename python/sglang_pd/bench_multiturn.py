@@ -120,14 +120,14 @@ def measure(prefill_url, decode_url, bootstrap_port, cfg: WorkloadConfig, label:
     figures = ServerFigures(prefill_url, decode_url)
     before = figures.snapshot()
     bar = tqdm(total=cfg.num_clients * cfg.num_rounds, desc=label, disable=not progress, file=sys.stderr)
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     records = run_workload(cfg, send, on_done=lambda r: bar.update(0 if r.result.rejected else 1))
-    duration = time.perf_counter() - start
+    duration, client_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
     bar.close()
     after = figures.snapshot()
     outputs = {(r.client, r.round): r.result.output_ids for r in records if not r.result.rejected}
     summary = summarize(records, duration, figures.transfer(before, after))
-    summary.update(figures.delta(before, after), sglang_pd=figures.plugin)
+    summary.update(figures.delta(before, after), sglang_pd=figures.plugin, client_cpu_s=client_cpu_s)
     if slo is not None and (slo.ttft_s or slo.itl_s):
         summary.update(slo_figures([r.result for r in records], duration, slo))
     decode_state = (PDDeployment.get_json(decode_url, "/sglang_pd/stats")["schedulers"][0]

@@ -1,14 +1,22 @@
 """One PD request the way a router sends it: prefill (plain POST) + decode (streamed), paired by a
-bootstrap room; returns token ids and the client-side timings (TTFT, inter-token gaps)."""
+bootstrap room; returns token ids and the client-side timings (TTFT, inter-token gaps).
+
+Every request runs on one asyncio loop (aiohttp) in a background thread of the benchmark process,
+whatever thread calls `pd_stream`: on a 2-core box the client shares the cores with both PD servers,
+and a thread per request parsing its stream with `requests` took ~3 s of CPU in a 9 s capacity run
+(35% of a core taken from the servers it measures); the event loop parses the same streams in a
+fraction of that (`client_cpu_s` in the benchmark's JSON).
+"""
 
 from __future__ import annotations
 
-import concurrent.futures as cf
-import json
+import asyncio
+import threading
 import time
 from dataclasses import dataclass, field
 
-import requests
+import aiohttp
+import orjson
 
 from sglang_pd.harness.deployment import new_bootstrap_room
 from sglang_pd.srt.disaggregation.early_rejection import retry_after_from
@@ -38,38 +46,54 @@ def _mark_rejected(result: StreamResult, status: int, text: str, header: str | N
         result.retry_after_s = int(header) if header else retry_after_from(text)
 
 
-def abort_prefill_half(prefill_url: str, rid: str, prefill: cf.Future, patience_s: float = 30.0) -> None:
-    """Abort the prefill half of a pair whose decode half was refused, until prefill answers.
-
-    Repeated because the abort can reach prefill before the request itself does (then it is a no-op
-    and the request would wait for its decode until SGLang's bootstrap timeout)."""
-    deadline = time.monotonic() + patience_s
-    while time.monotonic() < deadline:
-        requests.post(prefill_url + "/abort_request", json={"rid": rid}, timeout=30)
-        try:
-            prefill.result(timeout=0.5)
-            return
-        except cf.TimeoutError:
-            continue
-
-
 def _plain_fields(meta_info: dict) -> dict:
     """Streamed chunks after the first repeat request-level fields as SGLang's accumulated
     one-element list; read them as the number they are."""
     return {k: (v[0] if k in FIELDS and isinstance(v, list) and len(v) == 1 else v) for k, v in meta_info.items()}
 
 
-def _stream_decode(url: str, body: dict, start: float, timeout: float, result: StreamResult) -> None:
+class _Loop:
+    """The benchmark process's asyncio loop (daemon thread) and its HTTP session, made on first use."""
+
+    _lock = threading.Lock()
+    _instance: _Loop | None = None
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        threading.Thread(target=self.loop.run_forever, name="pd-client-loop", daemon=True).start()
+        self.session = self.run(self._session(), timeout=30)
+
+    @staticmethod
+    async def _session() -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0),  # no cap: one connection per stream
+                                     timeout=aiohttp.ClientTimeout(total=None, sock_connect=30),  # wait_for bounds it
+                                     json_serialize=lambda obj: orjson.dumps(obj).decode())
+
+    @classmethod
+    def get(cls) -> _Loop:
+        with cls._lock:
+            if cls._instance is None:
+                cls._instance = cls()
+            return cls._instance
+
+    def run(self, coro, timeout: float):
+        """Run `coro` on the loop from any other thread; its result (raises what it raises)."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+
+async def _stream_decode(session: aiohttp.ClientSession, url: str, body: dict, start: float,
+                         result: StreamResult) -> None:
     last = None
-    with requests.post(url + "/generate", json=body, stream=True, timeout=timeout) as resp:
-        if resp.status_code >= 400:
-            result.error = f"decode HTTP {resp.status_code}: {resp.text[:300]}"
-            _mark_rejected(result, resp.status_code, resp.text, resp.headers.get("Retry-After"))
+    async with session.post(url + "/generate", json=body) as resp:
+        if resp.status >= 400:
+            text = await resp.text()
+            result.error = f"decode HTTP {resp.status}: {text[:300]}"
+            _mark_rejected(result, resp.status, text, resp.headers.get("Retry-After"))
             return
-        for line in resp.iter_lines():
+        async for line in resp.content:
             if not line.startswith(b"data:") or line.strip() == b"data: [DONE]":
                 continue
-            chunk = json.loads(line[5:])
+            chunk = orjson.loads(line[5:])
             finish = (chunk.get("meta_info") or {}).get("finish_reason") or {}
             if finish.get("type") == "abort":  # a stream has sent its 200 before decode refuses it
                 result.error = f"decode abort {finish.get('status_code')}: {finish.get('message', '')[:300]}"
@@ -90,31 +114,56 @@ def _stream_decode(url: str, body: dict, start: float, timeout: float, result: S
     result.ok = True
 
 
-def pd_stream(prefill_url: str, decode_url: str, bootstrap_port: int, input_ids: list[int],
-              max_new_tokens: int, timeout: float = 600) -> StreamResult:
-    """Run one greedy PD request; never raises for server-side failures (see `.error`)."""
+async def _abort_prefill_half(session: aiohttp.ClientSession, prefill_url: str, rid: str, prefill: asyncio.Task,
+                              patience_s: float = 30.0) -> None:
+    """Abort the prefill half of a pair whose decode half was refused, until prefill answers.
+
+    Repeated because the abort can reach prefill before the request itself does (then it is a no-op
+    and the request would wait for its decode until SGLang's bootstrap timeout)."""
+    deadline = time.monotonic() + patience_s
+    while time.monotonic() < deadline and not prefill.done():
+        async with session.post(prefill_url + "/abort_request", json={"rid": rid}) as resp:
+            await resp.read()
+        await asyncio.wait([prefill], timeout=0.5)
+
+
+async def _prefill_half(session: aiohttp.ClientSession, url: str, body: dict) -> tuple[int, str]:
+    async with session.post(url + "/generate", json=body) as resp:
+        return resp.status, await resp.text()
+
+
+async def pd_stream_async(prefill_url: str, decode_url: str, bootstrap_port: int, input_ids: list[int],
+                          max_new_tokens: int, timeout: float = 600) -> StreamResult:
+    """Run one greedy PD request on the client's loop; never raises for server-side failures (see `.error`)."""
+    session = _Loop.get().session
     room = new_bootstrap_room()
     rid = f"pd-{room}"
     sampling = {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}
     pairing = {"bootstrap_host": "127.0.0.1", "bootstrap_port": bootstrap_port, "bootstrap_room": room, "rid": rid}
     result = StreamResult(ok=False, prompt_len=len(input_ids), room=room)
     start = time.perf_counter()
-    with cf.ThreadPoolExecutor(1) as pool:
-        prefill = pool.submit(requests.post, prefill_url + "/generate", timeout=timeout,
-                              json={"input_ids": input_ids, "sampling_params": sampling, **pairing})
-        try:
-            _stream_decode(decode_url, {"input_ids": input_ids, "sampling_params": sampling, "stream": True,
-                                        **pairing}, start, timeout, result)
-        except requests.RequestException as exc:
-            result.error = f"decode: {exc}"
-        if result.rejected:  # as a router would: prefill must not wait for a decode that never comes
-            abort_prefill_half(prefill_url, rid, prefill)
-        try:
-            prefill_resp = prefill.result()
-            if prefill_resp.status_code >= 400 and not result.error and not result.rejected:
-                result.error = f"prefill HTTP {prefill_resp.status_code}: {prefill_resp.text[:300]}"
-        except requests.RequestException as exc:
-            result.error = result.error or f"prefill: {exc}"
+    prefill = asyncio.create_task(_prefill_half(session, prefill_url, {"input_ids": input_ids,
+                                                                       "sampling_params": sampling, **pairing}))
+    try:
+        await asyncio.wait_for(_stream_decode(session, decode_url, {"input_ids": input_ids, "sampling_params": sampling,
+                                                                    "stream": True, **pairing}, start, result), timeout)
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        result.error = f"decode: {type(exc).__name__}: {exc}"
+    if result.rejected:  # as a router would: prefill must not wait for a decode that never comes
+        await _abort_prefill_half(session, prefill_url, rid, prefill)
+    try:
+        status, text = await asyncio.wait_for(prefill, timeout)
+        if status >= 400 and not result.error and not result.rejected:
+            result.error = f"prefill HTTP {status}: {text[:300]}"
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        result.error = result.error or f"prefill: {type(exc).__name__}: {exc}"
     result.latency_s = time.perf_counter() - start
     result.ok = result.ok and not result.error and len(result.output_ids) == max_new_tokens
     return result
+
+
+def pd_stream(prefill_url: str, decode_url: str, bootstrap_port: int, input_ids: list[int],
+              max_new_tokens: int, timeout: float = 600) -> StreamResult:
+    """`pd_stream_async` from any thread (blocks the caller, not the loop)."""
+    return _Loop.get().run(pd_stream_async(prefill_url, decode_url, bootstrap_port, input_ids, max_new_tokens,
+                                           timeout), timeout=2 * timeout + 60)
