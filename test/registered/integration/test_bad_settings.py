@@ -25,3 +25,22 @@ def test_server_refuses_to_start_on_a_bad_setting():
     assert "SGLANG_PD_NIXL_STALL_TIMEOUT_S='soon' is not a number of seconds" in lines[0]
     assert "SGLANG_PD_ITL_TARGET is not a sglang_pd setting" in lines[0]
     assert "Uvicorn running" not in proc.stderr and "Load weight" not in proc.stderr
+
+
+def test_shared_prefix_backend_refuses_to_start_without_a_c_compiler():
+    """--attention-backend sglang_pd_shared_prefix builds its own-part C kernel at start-up: with no
+    compiler (CC pointing nowhere) the server stops with one error naming the kernel and the command,
+    instead of serving without it."""
+    from sglang_pd.harness.cpu_env import cpu_server_args
+    from sglang_pd.srt.hooks.attention_backend import BACKEND_NAME
+
+    env = dict(server_env(), CC="/nonexistent/cc")
+    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(ensure_model_dir("tiny")),
+            "--load-format", "dummy", "--skip-tokenizer-init", "--host", "127.0.0.1", "--port", str(free_port()),
+            "--max-total-tokens", "2048", *cpu_server_args(BACKEND_NAME)]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    output = proc.stdout + proc.stderr
+    assert f"--attention-backend {BACKEND_NAME} cannot serve this server: its own-part C kernel cannot be " \
+           "built here: /nonexistent/cc could not compile" in output, output[-3000:]
+    assert "Uvicorn running" not in output

@@ -68,10 +68,12 @@ def unsupported_runner(runner) -> str | None:
 
     if str(runner.device) != "cpu":
         return f"device {runner.device}: only the CPU implementation exists (README: GPU plan)"
-    if missing_kernel() is not None:
-        return missing_kernel()
-    if build_problem() is not None:
-        return f"its own-part C kernel cannot be built here: {build_problem()}"
+    problem = missing_kernel()
+    if problem is not None:
+        return problem
+    problem = build_problem()  # builds the kernel (once per process)
+    if problem is not None:
+        return f"its own-part C kernel cannot be built here: {problem}"
     if get_flags().capture.enable_torch_compile:
         return "--enable-torch-compile (CPU graphs): the backend runs eagerly only"
     if runner.use_mla_backend:
