@@ -62,7 +62,29 @@ def sweep_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def on_vs_local_table(paths: list[Path]) -> str:
+    """TTFT p50 and ITL p50, on vs on+local, one row per run (the goals' two ratios)."""
+    lines = ["| run | TTFT p50 on / on+local (s) | TTFT gain | ITL p50 on / on+local (ms) | on+local ITL vs on "
+             "| outside decode's scheduler, p50 (ms) | identical |", "|---|---|---|---|---|---|---|"]
+    for path in paths:
+        report = json.loads(path.read_text())
+        on, local = report["results"]["on"], report["results"]["on+local"]
+        ident = report["identical_outputs"]
+        outside = (local.get("decode_local_prefill") or {}).get("outside_scheduler_ms", {}).get("p50")
+        lines.append(f"| {path.parent.relative_to(HERE) if path.parent != HERE else 'main run'} | "
+                     f"{on['ttft_p50_s']:.3f} / {local['ttft_p50_s']:.3f} | {on['ttft_p50_s'] / local['ttft_p50_s']:.2f}x | "
+                     f"{on['itl_p50_ms']:.1f} / {local['itl_p50_ms']:.1f} | {local['itl_p50_ms'] / on['itl_p50_ms']:.2f}x | "
+                     f"{outside:.1f} | {ident['counts'].get('on+local', '-')}/{ident['num_outputs']} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
+    print("\n## on vs on+local, short preset, every run with the default idle wait\n")
+    print(on_vs_local_table([HERE / "bench_multiturn_short.json"] + [
+        HERE / "repeats" / f"run{i}" / "bench_multiturn_short.json" for i in (2, 3, 4, 5)] + [
+        HERE / "idle_wait" / f"wait_{i}" / "bench_multiturn_short.json" for i in (1, 2, 3)]))
+    print("\n## the same, PD schedulers spinning (SGLANG_PD_IDLE_WAIT_US=0), alternating with the wait_* runs\n")
+    print(on_vs_local_table([HERE / "idle_wait" / f"spin_{i}" / "bench_multiturn_short.json" for i in (1, 2, 3)]))
     for path in sys.argv[1:] or [HERE / "bench_multiturn_short.json", HERE / "bench_multiturn_capacity.json",
                                  HERE / "sweep" / "bench_multiturn_short.json"]:
         report = json.loads(Path(path).read_text())

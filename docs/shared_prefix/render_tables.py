@@ -17,15 +17,35 @@ def load(name: str) -> dict:
 
 
 def attention_table(name: str) -> str:
-    """bench_attention cells: plain / gather / shared ms per step, ratios, KV read, max diff."""
-    lines = ["| requests per group | shared prefix | groups | torch_native ms/step | gather ms/step | shared ms/step "
-             "| torch_native / shared | gather / shared | shared's first step (fills the arena) ms "
-             "| KV tokens read per layer (torch_native / shared) | max abs diff |", "|---" * 11 + "|"]
+    """bench_attention cells: plain / shared ms per step, ratio, KV read, max diff."""
+    lines = ["| requests per group | shared prefix | groups | torch_native ms/step | shared ms/step "
+             "| torch_native / shared | KV tokens read per layer (torch_native / shared) | max abs diff |",
+             "|---" * 8 + "|"]
     for c in load(name)["cells"]:
         lines.append(f"| {c['group_size']} | {c['prefix_len']} | {c['num_groups']} | {c['plain_ms']:.1f} | "
-                     f"{c['gather_ms']:.1f} | {c['shared_ms']:.1f} | {c['ratio']:.2f}x | {c['arena_ratio']:.2f}x | "
-                     f"{c['first_step_ms']:.0f} | {c['plain_kv_tokens']} / {c['shared_kv_tokens']} | "
+                     f"{c['shared_ms']:.1f} | {c['ratio']:.2f}x | {c['plain_kv_tokens']} / {c['shared_kv_tokens']} | "
                      f"{c['max_abs_diff']:.1e} |")
+    return "\n".join(lines)
+
+
+def kernel_ab(name: str) -> str:
+    """own_kernel_ab/run.log: arena (22ed0f4) vs in-place kernel (HEAD), ms per step, per cell and run."""
+    runs: dict[tuple[str, str], dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+    version = cell = None
+    for line in (HERE / name).read_text().splitlines():
+        if line.startswith("== "):
+            version, args = line.split()[1], line.split("bench_attention ")[1]
+            words = args.split()
+            fixed = {"--batch", "--group-sizes", "--prefix-lens", "--own-len", "--repeats"}
+            cell = " ".join(w for i, w in enumerate(words) if w not in fixed and (i == 0 or words[i - 1] not in fixed))
+        elif line.strip() and line.split()[0].isdigit():
+            runs[(cell, line.split()[0])][version].append(float(line.split()[3]))
+    lines = ["| workload | requests per group | arena (22ed0f4) ms/step | in-place kernel ms/step | arena / kernel |",
+             "|---|---|---|---|---|"]
+    for (cell, group), by in runs.items():
+        old, new = by["22ed0f4"], by["HEAD"]
+        lines.append(f"| {cell} | {group} | {' / '.join(f'{t:.2f}' for t in old)} | "
+                     f"{' / '.join(f'{t:.2f}' for t in new)} | {statistics.mean(old) / statistics.mean(new):.2f}x |")
     return "\n".join(lines)
 
 
@@ -109,16 +129,36 @@ def step_model(name: str) -> str:
     return "\n".join(lines)
 
 
+def contention_table(name: str) -> str:
+    """contention/contention.json: CPU time and run-queue wait per server thread group, client CPU, ITL."""
+    report = load(name)
+    lines = ["| config | measured window (s) | decode scheduler: ran / waited on the run queue (s) | decode's other threads "
+             "ran (s) | prefill scheduler ran / waited (s) | prefill's other threads ran (s) | both HTTP processes "
+             "ran (s) | client CPU (s) | ITL p50 (ms) |", "|---" * 9 + "|"]
+    for config, r in report.items():
+        dec, pre = r["servers"]["decode"], r["servers"]["prefill"]
+        sched = "sglang::schedul (main thread)"
+        others = "sglang::schedul (other threads)"
+        http = sum(t["run_s"] for role in (dec, pre) for n, t in role.items() if n.startswith("python"))
+        lines.append(f"| {config} | {r['wall_s_with_priming']:.1f} | {dec[sched]['run_s']:.2f} / {dec[sched]['run_queue_wait_s']:.2f} | "
+                     f"{dec[others]['run_s']:.2f} | {pre[sched]['run_s']:.2f} / {pre[sched]['run_queue_wait_s']:.2f} | "
+                     f"{pre[others]['run_s']:.2f} | {http:.2f} | {r['client_cpu_s']:.2f} | {r['itl_p50_ms']:.1f} |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
-    for name in ("bench_attention.json", "bench_attention_scatter.json", "bench_attention_smollm2.json"):
+    for name in ("bench_attention.json", "bench_attention_churn.json", "bench_attention_scatter.json",
+                 "bench_attention_smollm2.json"):
         print(f"\n## {name}\n\n{attention_table(name)}")
+    print("\n## own_kernel_ab/run.log\n\n" + kernel_ab("own_kernel_ab/run.log"))
     print("\n## bench_multiturn_capacity.json\n")
     print(capacity_table("bench_multiturn_capacity.json", [("on+shared vs off", "on+shared vs off"),
                                                            ("on+shared vs on", "on+shared vs on"),
                                                            ("off+shared vs off", "off+shared vs off")]))
     print("\n## step model\n\n" + step_model("bench_multiturn_capacity.json"))
     print("\n## counters on+shared\n\n" + json.dumps(counters("bench_multiturn_capacity.json", "on+shared")))
-    print("\n## repeats\n\n" + repeats_table(["bench_multiturn_capacity.json", "repeats/run2/bench_multiturn_capacity.json",
-                                              "repeats/run3/bench_multiturn_capacity.json"]))
+    print("\n## repeats\n\n" + repeats_table(["bench_multiturn_capacity.json"] + [
+        f"repeats/run{i}/bench_multiturn_capacity.json" for i in (2, 3, 4, 5)]))
     for name in ("smollm2/bench_multiturn_short.json", "smollm2_16clients/bench_multiturn_short.json"):
         print(f"\n## {name}\n\n" + capacity_table(name, [("on+shared vs on", "on+shared vs on")]))
+    print("\n## contention\n\n" + contention_table("contention/contention.json"))

@@ -1,13 +1,10 @@
 """Where the decode scheduler's time went during a capacity run with the shared-prefix backend, by
 category, from a py-spy raw (collapsed stacks) recording stored beside this file.
 
-How the recording was made (py-spy is not a project dependency: `pip install --target /tmp/tools py-spy`):
-a PD pair as `bench_multiturn --configs on+shared` starts it (capacity preset; both servers
-`--attention-backend sglang_pd_shared_prefix`), the capacity workload attached to it
-(`python -m sglang_pd.bench_multiturn --preset capacity --prefill-url ... --decode-url ... --bootstrap-port ...`),
-and 2.5 s after the workload started: `py-spy record -p <decode scheduler pid> -d 6 -r 250 -f raw
--o decode_scheduler.pyspy.txt --nonblocking`.
+The recording is made by record.py beside this file (the on+shared capacity pair, the capacity
+workload attached to it, py-spy on the decode scheduler for 6 s from 2.5 s into the workload):
 
+    PYSPY=/tmp/tools/bin/py-spy .venv/bin/python docs/shared_prefix/profile/record.py
     python docs/shared_prefix/profile/summarise.py
 """
 
@@ -16,16 +13,16 @@ from collections import Counter
 from pathlib import Path
 
 CATEGORIES = [  # first match wins, in this order
-    ("rows_partial", "attention: own parts (arena, fused kernel)"),
+    ("merge_own", "attention: own parts (C kernel, read in place)"),
     ("segment_partial", "attention: segments (fused kernel)"),
-    ("write_step_kv", "attention: step token into arena"),
     ("forward_decode", "attention: other (merge, set_kv, accumulators)"),
-    ("init_forward_metadata", "attention: plan (grouping, arena keep/fill/move)"),
+    ("init_forward_metadata", "attention: plan (grouping, segment cache, own slots)"),
     ("UnquantizedLinearMethod", "linear layers"),
     ("LlamaForCausalLM.forward", "model: norms, rotary, activations, logits"),
     ("forward_batch_generation", "sampling and batch prep"),
     ("process_batch_result", "result processing and streaming"),
     ("prealloc", "admission (prealloc, match, lock)"),
+    ("get_next_disagg_decode_batch_to_run", "next batch: SGLang's (prebuilt requests merged, decode prepared)"),
     ("sglang_pd", "other sglang_pd hooks"),
     ("on_idle", "idle"),
 ]

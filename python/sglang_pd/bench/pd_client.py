@@ -3,9 +3,9 @@ bootstrap room; returns token ids and the client-side timings (TTFT, inter-token
 
 Every request runs on one asyncio loop (aiohttp) in a background thread of the benchmark process,
 whatever thread calls `pd_stream`: on a 2-core box the client shares the cores with both PD servers,
-and a thread per request parsing its stream with `requests` took ~3 s of CPU in a 9 s capacity run
-(35% of a core taken from the servers it measures); the event loop parses the same streams in a
-fraction of that (`client_cpu_s` in the benchmark's JSON).
+and every CPU second it spends is taken from the servers it measures. A thread per request parsing
+its stream with `requests` (the previous client) cost several times what the event loop does; the
+benchmark records the client's own CPU in its JSON (`client_cpu_s`).
 """
 
 from __future__ import annotations

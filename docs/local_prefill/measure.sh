@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Every measurement of docs/local_prefill, in sequence (alone on the box: ~30 min); each log starts
+# with its command. Then `python docs/local_prefill/render_tables.py` prints the tables.
+#   bash docs/local_prefill/measure.sh
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+D=docs/local_prefill
+PY=.venv/bin/python
+run() { bash scripts/run_logged.sh "$@"; }  # run LOG CMD...: the command, then its output, into LOG
+ALL=off,on,on+local,on+shared,on+local+shared
+run $D/bench_multiturn_short.log $PY -m sglang_pd.bench_multiturn --preset short --configs $ALL \
+    --local-prefill-tokens 64 --out-dir $D --no-progress
+run $D/bench_multiturn_capacity.log $PY -m sglang_pd.bench_multiturn --preset capacity --configs $ALL \
+    --local-prefill-tokens 64 --out-dir $D --no-progress
+for i in 2 3 4 5; do
+  run $D/repeats/run$i/bench_multiturn_short.log $PY -m sglang_pd.bench_multiturn --preset short --configs on,on+local \
+      --local-prefill-tokens 64 --out-dir $D/repeats/run$i --no-progress
+done
+run $D/sweep/bench_multiturn_short.log $PY -m sglang_pd.bench_multiturn --preset short --configs on \
+    --local-sweep 0,16,64,256 --out-dir $D/sweep --no-progress
+# PD schedulers spinning (SGLANG_PD_IDLE_WAIT_US=0, upstream's sleep(0)) vs waiting (the default), alternating
+for i in 1 2 3; do
+  for mode in spin wait; do
+    if [ $mode = spin ]; then us=0; else us=500; fi
+    run $D/idle_wait/${mode}_$i/bench_multiturn_short.log env SGLANG_PD_IDLE_WAIT_US=$us $PY -m sglang_pd.bench_multiturn \
+        --preset short --configs on,on+local --local-prefill-tokens 64 --out-dir $D/idle_wait/${mode}_$i --no-progress
+  done
+done

@@ -1,0 +1,88 @@
+"""Where the box's 2 cores go during a capacity run: CPU time and run-queue wait of every thread of both
+PD servers (Linux /proc/<pid>/task/<tid>/schedstat), the benchmark client's own CPU, beside the run's
+ITL, for `off` and `on+shared` (each on a fresh PD pair, the capacity preset). A thread's run-queue
+wait is time it was ready to run but another process held the core: the decode scheduler's wait is
+added to its steps, hence to ITL.
+
+    .venv/bin/python docs/shared_prefix/contention/run.py    # writes contention.json beside this file
+"""
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from sglang_pd.bench.slo import parse_configs
+from sglang_pd.bench_multiturn import PRESETS
+from sglang_pd.harness import DeploymentConfig, PDDeployment
+
+HERE = Path(__file__).parent
+
+
+def _descendants(pid: int) -> list[int]:
+    out = subprocess.run(["pgrep", "-P", str(pid)], capture_output=True, text=True).stdout.split()
+    return [pid] + [d for child in out for d in _descendants(int(child))]
+
+
+def schedstat(pids: list[int]) -> dict[str, tuple[float, float]]:
+    """(run s, run-queue wait s) per process name / thread name, summed over `pids` and their threads."""
+    totals: dict[str, list[float]] = {}
+    for pid in pids:
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                run, wait, _ = map(int, Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split())
+                name = f"{comm} ({'main thread' if int(tid) == pid else 'other threads'})"
+                entry = totals.setdefault(name, [0.0, 0.0])
+                entry[0] += run / 1e9
+                entry[1] += wait / 1e9
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return {name: (run, wait) for name, (run, wait) in totals.items()}
+
+
+def measure(config_name: str) -> dict:
+    """One configuration on a fresh capacity pair: per-server thread CPU and waits, client CPU, ITL."""
+    (config,) = parse_configs(config_name, None, None)
+    deploy = dict(PRESETS["capacity"][1], transfer_backend="mooncake_tcp", env_overrides=config.env)
+    dep = PDDeployment(DeploymentConfig(decode_radix=config.decode_radix,
+                                        decode_attention_backend=config.decode_attention_backend,
+                                        prefill_attention_backend=config.prefill_attention_backend, **deploy))
+    with dep, tempfile.TemporaryDirectory() as out:
+        servers = {"prefill": _descendants(dep.prefill.proc.pid), "decode": _descendants(dep.decodes[0].proc.pid)}
+        before = {role: schedstat(pids) for role, pids in servers.items()}
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "sglang_pd.bench_multiturn", "--preset", "capacity",
+                        "--prefill-url", dep.prefill.url, "--decode-url", dep.decodes[0].url,
+                        "--bootstrap-port", str(dep.bootstrap_port), "--label", config_name, "--no-progress",
+                        "--out-dir", out], check=True, capture_output=True)
+        wall = time.perf_counter() - start
+        after = {role: schedstat(pids) for role, pids in servers.items()}
+        result = json.loads((Path(out) / "bench_multiturn_capacity.json").read_text())["results"][config_name]
+    threads = {role: {name: {"run_s": round(run - before[role].get(name, (0, 0))[0], 3),
+                             "run_queue_wait_s": round(wait - before[role].get(name, (0, 0))[1], 3)}
+                      for name, (run, wait) in after[role].items()} for role in after}
+    return {"wall_s_with_priming": round(wall, 2), "workload_s": result["duration_s"],
+            "client_cpu_s": result["client_cpu_s"], "itl_p50_ms": result["itl_p50_ms"],
+            "ttft_p50_s": result["ttft_p50_s"], "request_throughput": result["request_throughput"],
+            "servers": threads}
+
+
+def main() -> int:
+    report = {name: measure(name) for name in ("off", "on+shared")}
+    (HERE / "contention.json").write_text(json.dumps(report, indent=2))
+    for name, r in report.items():
+        print(f"\n{name}: ITL p50 {r['itl_p50_ms']:.1f} ms, workload {r['workload_s']:.1f} s, "
+              f"client CPU {r['client_cpu_s']:.2f} s")
+        for role, threads in r["servers"].items():
+            for thread, t in sorted(threads.items(), key=lambda kv: -kv[1]["run_s"]):
+                if t["run_s"] >= 0.05:
+                    print(f"  {role:8s} {thread:40s} ran {t['run_s']:6.2f} s  waited {t['run_queue_wait_s']:6.2f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

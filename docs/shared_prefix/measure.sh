@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Every measurement of docs/shared_prefix, in sequence (alone on the box: ~50 min); each log starts
+# with its command. Then `python docs/shared_prefix/render_tables.py` prints README's tables.
+#   bash docs/shared_prefix/measure.sh
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$ROOT"
+D=docs/shared_prefix
+PY=.venv/bin/python
+run() { bash scripts/run_logged.sh "$@"; }  # run LOG CMD...: the command, then its output, into LOG
+run $D/bench_attention.log $PY -m sglang_pd.bench_attention --json $D/bench_attention.json
+run $D/bench_attention_churn.log $PY -m sglang_pd.bench_attention --batch 32 --group-sizes 1,4,32 --prefix-lens 768 \
+    --own-len 130 --repeats 60 --churn 32 --json $D/bench_attention_churn.json
+run $D/bench_attention_scatter.log $PY -m sglang_pd.bench_attention --scatter --group-sizes 1,64 --prefix-lens 128,1024 \
+    --json $D/bench_attention_scatter.json
+run $D/bench_attention_smollm2.log $PY -m sglang_pd.bench_attention --geometry smollm2 --batch 16 --group-sizes 1,4,16 \
+    --prefix-lens 128,1024 --page-size 16 --json $D/bench_attention_smollm2.json
+run $D/bench_multiturn_capacity.log $PY -m sglang_pd.bench_multiturn --preset capacity \
+    --configs off,on,off+shared,on+shared --out-dir $D --no-progress
+for i in 2 3 4 5; do
+  run $D/repeats/run$i/bench_multiturn_capacity.log $PY -m sglang_pd.bench_multiturn --preset capacity \
+      --configs off,on+shared --out-dir $D/repeats/run$i --no-progress
+done
+run $D/smollm2/bench_multiturn_short.log $PY -m sglang_pd.bench_multiturn --model smollm2 --preset short --num-clients 4 \
+    --num-rounds 3 --max-new-tokens 16 --transfer-backend nixl --page-size 16 --configs on,on+shared \
+    --out-dir $D/smollm2 --no-progress
+run $D/smollm2_16clients/bench_multiturn_short.log $PY -m sglang_pd.bench_multiturn --model smollm2 --preset short \
+    --num-clients 16 --num-rounds 3 --max-new-tokens 16 --transfer-backend nixl --page-size 16 --configs on,on+shared \
+    --out-dir $D/smollm2_16clients --no-progress
+run docs/shared_prefix/own_kernel_ab/run.log bash docs/shared_prefix/own_kernel_ab/run.sh
+PYSPY=${PYSPY:-/tmp/tools/bin/py-spy} run $D/profile/record.log $PY $D/profile/record.py
