@@ -111,23 +111,24 @@ def test_metrics_are_true_at_scrape_without_any_stats_call(pd_page16: PDDeployme
     dep.wait_clean()
 
 
-def test_prefill_waits_instead_of_spinning_while_its_request_is_in_flight(pd_page1: PDDeployment):
+def test_prefill_waits_instead_of_spinning_while_its_request_is_in_flight(pd_page16: PDDeployment):
     """Prefill has the request in its bootstrap / inflight queue with nothing to compute while decode's
     transfer info and the transfer are under way: it sleeps SGLANG_PD_IDLE_WAIT_US (default 500 us), counted;
-    fully idle, it never does (SGLang's own idle path)."""
-    pre = pd_page1.prefill
-    pd_page1.wait_clean()
-    idle0 = pd_page1.scheduler_state(pre)["counters"]
+    fully idle, it never does (SGLang's own idle path). pd_page16 has no router: a router's health checks
+    (/health generates a request on prefill) would make prefill busy in the idle window."""
+    pd, pre = pd_page16, pd_page16.prefill
+    pd.wait_clean()
+    idle0 = pd.scheduler_state(pre)["counters"]
     time.sleep(1.0)
-    idle1 = pd_page1.scheduler_state(pre)["counters"]
+    idle1 = pd.scheduler_state(pre)["counters"]
     assert idle1["pd_idle_waits_total"] == idle0["pd_idle_waits_total"], "a fully idle scheduler waited"
     rng = random.Random(77)
-    _, decoded, _ = pd_page1.generate_pd([9] + [rng.randrange(3, VOCAB_SIZE) for _ in range(40)], 4)
+    _, decoded, _ = pd.generate_pd([9] + [rng.randrange(3, VOCAB_SIZE) for _ in range(40)], 4)
     assert len(decoded["output_ids"]) == 4
-    after = pd_page1.wait_clean()[pre.name]["counters"]
+    after = pd.wait_clean()[pre.name]["counters"]
     waits = after["pd_idle_waits_total"] - idle1["pd_idle_waits_total"]
     waited = after["pd_idle_wait_seconds_total"] - idle1["pd_idle_wait_seconds_total"]
     assert waits >= 1, "prefill spun (no counted wait) while its request was in flight"
     assert waited >= waits * 400e-6, (waits, waited)  # each wait really slept (~500 us)
-    metrics = pd_page1.scrape_metrics(pre)
+    metrics = pd.scrape_metrics(pre)
     assert _metric(metrics, "pd_idle_waits_total", "prefill") == after["pd_idle_waits_total"]
