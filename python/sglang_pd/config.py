@@ -30,6 +30,7 @@ PEER_SECRET_FILE = f"{PREFIX}PEER_SECRET_FILE"
 PEER_AUTH_MAX_SKEW_S = f"{PREFIX}PEER_AUTH_MAX_SKEW_S"
 UNCLAIMED_ROOM_TTL_S = f"{PREFIX}UNCLAIMED_ROOM_TTL_S"
 IDLE_WAIT_US = f"{PREFIX}IDLE_WAIT_US"
+TRANSFER_WORKER_NICE = f"{PREFIX}TRANSFER_WORKER_NICE"
 
 
 class SettingsError(ValueError):
@@ -167,6 +168,11 @@ SETTINGS: tuple[Setting, ...] = (
             "prefill and decode: microseconds a scheduler with transfers or handshakes in flight and nothing to "
             "run sleeps before it looks again (upstream spins a core on sleep(0); 0 keeps that)",
             _bounded_count(0, 100_000, "microseconds")),
+    # Prefill's transfer workers below the schedulers (srt/disaggregation/worker_priority.py).
+    Setting(TRANSFER_WORKER_NICE, "transfer_worker_nice", "19",
+            "prefill: Linux nice value of mooncake's KV transfer worker threads, which spin while their transfer "
+            "runs (batch_transfer_sync polls without sleeping); 0 leaves them at the process's priority (upstream)",
+            _bounded_count(0, 19, "nice levels")),
     Setting(TEST_LOGS, "test_logs", None,
             "tests only: folder where the integration tier keeps server logs (default /tmp/sglang_pd-test-logs)",
             _folder),
@@ -191,6 +197,7 @@ class Settings:
     peer_auth_max_skew_s: float = 30.0
     unclaimed_room_ttl_s: float = 120.0
     idle_wait_us: int = 500
+    transfer_worker_nice: int = 19
     test_logs: Path | None = None
 
     @classmethod

@@ -106,6 +106,11 @@ METRICS: dict[str, tuple[str, str]] = {
     "pd_idle_waits_total": ("counter", "sleeps of a PD scheduler that had transfers or handshakes in flight and nothing "
                                        "to run (SGLANG_PD_IDLE_WAIT_US; upstream spins)"),
     "pd_idle_wait_seconds_total": ("counter", "seconds those sleeps took"),
+    # prefill's transfer workers below the schedulers (srt/disaggregation/worker_priority.py)
+    "pd_transfer_workers_lowered_total": ("counter", "transfer worker threads started at SGLANG_PD_TRANSFER_WORKER_NICE "
+                                                     "(or the lower priority they already had)"),
+    "pd_transfer_worker_nice_errors_total": ("counter", "transfer worker threads that could not be lowered (logged; "
+                                                        "they keep their priority)"),
     # shared-prefix decode attention (srt/hooks/attention_backend.py; names in shared_attention_stats.py)
     **SHARED_ATTENTION_METRICS,
 }

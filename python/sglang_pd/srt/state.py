@@ -20,6 +20,7 @@ from sglang_pd.config import Settings
 from sglang_pd.srt.disaggregation.admission_round import AdmissionRound
 from sglang_pd.srt.disaggregation.decode_admission import DecodePrefixAdmission
 from sglang_pd.srt.disaggregation.idle_wait import IdleWait
+from sglang_pd.srt.disaggregation.worker_priority import TransferWorkerPriority
 from sglang_pd.srt.disaggregation.local_prefill import LocalPrefill
 from sglang_pd.srt.disaggregation.nixl_host_memory import HostMemoryScope
 from sglang_pd.srt.disaggregation.peer_guard import PeerGuard, load_auth
@@ -93,6 +94,7 @@ class ProcessState:
     shared_attention: SharedAttentionStats
     peer_guard: PeerGuard
     idle_wait: IdleWait
+    transfer_worker_priority: TransferWorkerPriority
     applied_hooks: list[str] = field(default_factory=list)
     last_integrity: IntegrityReport | None = None
 
@@ -146,6 +148,7 @@ class ProcessState:
             "room_declines": self.room_declines.snapshot(),
             "shared_attention": self.shared_attention.snapshot(),
             "handshake": self.peer_guard.snapshot(),
+            "transfer_worker_priority": self.transfer_worker_priority.snapshot(),
         }
 
 
@@ -167,7 +170,8 @@ def build_state(kind: ProcessKind, settings: Settings) -> ProcessState:
         shared_attention=SharedAttentionStats(counters),
         peer_guard=PeerGuard(auth=load_auth(settings.peer_secret_file, settings.peer_auth_max_skew_s),
                              room_ttl_s=settings.unclaimed_room_ttl_s),
-        idle_wait=IdleWait(settings.idle_wait_us / 1e6, counters))
+        idle_wait=IdleWait(settings.idle_wait_us / 1e6, counters),
+        transfer_worker_priority=TransferWorkerPriority(settings.transfer_worker_nice, counters))
 
 
 _current: ProcessState | None = None

@@ -132,3 +132,41 @@ def test_prefill_waits_instead_of_spinning_while_its_request_is_in_flight(pd_pag
     assert waited >= waits * 400e-6, (waits, waited)  # each wait really slept (~500 us)
     metrics = pd.scrape_metrics(pre)
     assert _metric(metrics, "pd_idle_waits_total", "prefill") == after["pd_idle_waits_total"]
+
+
+def _proc_field(tid: int, key: str) -> str:
+    """A field of /proc/<tid>/status (a thread id works as well as a process id)."""
+    for line in open(f"/proc/{tid}/status"):
+        if line.startswith(f"{key}:"):
+            return line.split()[1]
+    raise AssertionError(f"/proc/{tid}/status has no {key}")
+
+
+def _kernel_nice(tid: int) -> int:
+    stat = open(f"/proc/{tid}/stat").read()
+    return int(stat[stat.rindex(")") + 2:].split()[16])
+
+
+def test_prefill_transfer_workers_run_at_the_lower_priority_and_nothing_else_does(pd_page16: PDDeployment):
+    """mooncake's transfer workers spin while their transfer runs: prefill starts each one at
+    SGLANG_PD_TRANSFER_WORKER_NICE (default 19). Read from the kernel: every transfer worker SGLang
+    started (as many as the thread watch found) runs at 19 inside prefill's scheduler process, whose
+    main thread keeps nice 0; decode has no transfer worker and lowers nothing; a transfer still works."""
+    pd, pre, dec = pd_page16, pd_page16.prefill, pd_page16.decodes[0]
+    rng = random.Random(78)
+    _, decoded, _ = pd.generate_pd([9] + [rng.randrange(3, VOCAB_SIZE) for _ in range(40)], 4)
+    assert len(decoded["output_ids"]) == 4
+    states = pd.wait_clean()
+    prio, workers = states[pre.name]["transfer_worker_priority"], states[pre.name]["handshake"]["threads"]
+    assert prio["nice"] == 19 and prio["errors"] == []
+    assert len(prio["threads"]) == workers["by_role"]["transfer_worker"] >= 1, (prio, workers)
+    scheduler_pids = {int(_proc_field(t["tid"], "Tgid")) for t in prio["threads"]}
+    assert len(scheduler_pids) == 1
+    (scheduler_pid,) = scheduler_pids
+    assert scheduler_pid != pre.proc.pid and _proc_field(scheduler_pid, "PPid") == str(pre.proc.pid)
+    for thread in prio["threads"]:
+        assert thread["nice"] == 19 and _kernel_nice(thread["tid"]) == 19, thread
+    assert _kernel_nice(scheduler_pid) == 0  # the scheduler's own thread is not lowered
+    assert states[pre.name]["counters"]["pd_transfer_workers_lowered_total"] == len(prio["threads"])
+    assert states[dec.name]["transfer_worker_priority"]["threads"] == []
+    assert _metric(pd.scrape_metrics(pre), "pd_transfer_workers_lowered_total", "prefill") == len(prio["threads"])

@@ -1,5 +1,6 @@
 """Hooks on SGLang's `MooncakeKVManager` (disaggregation/mooncake/conn.py): room declines consumed
-first, batches kept under the TCP transport's queue limit, the prefill-side send-failure test fault."""
+first, batches kept under the TCP transport's queue limit, transfer workers at a lower CPU priority, the
+prefill-side send-failure test fault."""
 
 from __future__ import annotations
 
@@ -35,3 +36,8 @@ def around_transfer_data(original, mgr, mooncake_session_id, transfer_blocks):
         if ret != 0:
             return ret
     return 0
+
+
+def before_transfer_worker(mgr, queue, executor, staging_buffer=None, worker_index=0):
+    """Prefill, at the start of each transfer worker thread: lower its CPU priority (worker_priority.py)."""
+    current().transfer_worker_priority.lower_current_thread()

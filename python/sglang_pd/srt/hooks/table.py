@@ -103,6 +103,10 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         ProcessKind.SCHEDULER, "split a batch over SGLANG_PD_MOONCAKE_MAX_BATCH_DESCRIPTORS: mooncake's TCP "
         "transport refuses batches over its per-peer queue limit (page 1, many layers, fragmented pool)"),
     HookSpec(
+        f"{_DISAGG}.mooncake.conn.MooncakeKVManager.transfer_worker", "BEFORE", mooncake_conn.before_transfer_worker,
+        ProcessKind.SCHEDULER, "the worker thread spins in batch_transfer_sync while its transfer runs: it runs "
+        "at SGLANG_PD_TRANSFER_WORKER_NICE so the spin takes no CPU a scheduler wants"),
+    HookSpec(
         f"{_DISAGG}.mooncake.conn.MooncakeKVManager.send_kvcache", "AROUND", mooncake_conn.around_send_kvcache,
         ProcessKind.SCHEDULER, "tests only: an armed prefill_transfer_fail reports the room's send failed "
         "(upstream's own prefill-side transport failure path); otherwise passes through"),
