@@ -44,24 +44,35 @@ def schedstat(pids: list[int]) -> dict[str, tuple[float, float]]:
     return {name: (run, wait) for name, (run, wait) in totals.items()}
 
 
+def capacity_pair(config_name: str, extra_env: dict[str, str] | None = None) -> PDDeployment:
+    """A PD pair (not started) for one bench_multiturn configuration of the capacity preset, mooncake_tcp."""
+    (config,) = parse_configs(config_name, None, None)
+    deploy = dict(PRESETS["capacity"][1], transfer_backend="mooncake_tcp",
+                  env_overrides=(*config.env, *(extra_env or {}).items()))
+    return PDDeployment(DeploymentConfig(decode_radix=config.decode_radix,
+                                         decode_attention_backend=config.decode_attention_backend,
+                                         prefill_attention_backend=config.prefill_attention_backend, **deploy))
+
+
+def run_capacity_workload(dep: PDDeployment, config_name: str, out: str) -> dict:
+    """The capacity workload against a running pair from another process; its result for `config_name`."""
+    subprocess.run([sys.executable, "-m", "sglang_pd.bench_multiturn", "--preset", "capacity",
+                    "--prefill-url", dep.prefill.url, "--decode-url", dep.decodes[0].url,
+                    "--bootstrap-port", str(dep.bootstrap_port), "--label", config_name, "--no-progress",
+                    "--out-dir", out], check=True, capture_output=True)
+    return json.loads((Path(out) / "bench_multiturn_capacity.json").read_text())["results"][config_name]
+
+
 def measure(config_name: str) -> dict:
     """One configuration on a fresh capacity pair: per-server thread CPU and waits, client CPU, ITL."""
-    (config,) = parse_configs(config_name, None, None)
-    deploy = dict(PRESETS["capacity"][1], transfer_backend="mooncake_tcp", env_overrides=config.env)
-    dep = PDDeployment(DeploymentConfig(decode_radix=config.decode_radix,
-                                        decode_attention_backend=config.decode_attention_backend,
-                                        prefill_attention_backend=config.prefill_attention_backend, **deploy))
+    dep = capacity_pair(config_name)
     with dep, tempfile.TemporaryDirectory() as out:
         servers = {"prefill": _descendants(dep.prefill.proc.pid), "decode": _descendants(dep.decodes[0].proc.pid)}
         before = {role: schedstat(pids) for role, pids in servers.items()}
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "sglang_pd.bench_multiturn", "--preset", "capacity",
-                        "--prefill-url", dep.prefill.url, "--decode-url", dep.decodes[0].url,
-                        "--bootstrap-port", str(dep.bootstrap_port), "--label", config_name, "--no-progress",
-                        "--out-dir", out], check=True, capture_output=True)
+        result = run_capacity_workload(dep, config_name, out)
         wall = time.perf_counter() - start
         after = {role: schedstat(pids) for role, pids in servers.items()}
-        result = json.loads((Path(out) / "bench_multiturn_capacity.json").read_text())["results"][config_name]
     threads = {role: {name: {"run_s": round(run - before[role].get(name, (0, 0))[0], 3),
                              "run_queue_wait_s": round(wait - before[role].get(name, (0, 0))[1], 3)}
                       for name, (run, wait) in after[role].items()} for role in after}

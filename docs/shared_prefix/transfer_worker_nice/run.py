@@ -9,7 +9,6 @@ run-queue wait (time it was ready but had no core: inside every decode step).
 
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -18,30 +17,17 @@ from pathlib import Path
 HERE = Path(__file__).parent
 sys.path.insert(0, str(HERE.parent / "contention"))
 
-from run import _descendants, schedstat  # noqa: E402  (the contention script's readers)
-
-from sglang_pd.bench.slo import parse_configs  # noqa: E402
-from sglang_pd.bench_multiturn import PRESETS  # noqa: E402
-from sglang_pd.harness import DeploymentConfig, PDDeployment  # noqa: E402
+from run import _descendants, capacity_pair, run_capacity_workload, schedstat  # noqa: E402  (the contention script's)
 
 
 def one(name: str, nice: int) -> dict:
-    (config,) = parse_configs(name, None, None)
-    env = dict(config.env, SGLANG_PD_TRANSFER_WORKER_NICE=str(nice))
-    deploy = dict(PRESETS["capacity"][1], transfer_backend="mooncake_tcp", env_overrides=env)
-    dep = PDDeployment(DeploymentConfig(decode_radix=config.decode_radix,
-                                        decode_attention_backend=config.decode_attention_backend,
-                                        prefill_attention_backend=config.prefill_attention_backend, **deploy))
+    dep = capacity_pair(name, {"SGLANG_PD_TRANSFER_WORKER_NICE": str(nice)})
     with dep, tempfile.TemporaryDirectory() as out:
         servers = {"prefill": _descendants(dep.prefill.proc.pid), "decode": _descendants(dep.decodes[0].proc.pid)}
         before = {role: schedstat(pids) for role, pids in servers.items()}
-        subprocess.run([sys.executable, "-m", "sglang_pd.bench_multiturn", "--preset", "capacity",
-                        "--prefill-url", dep.prefill.url, "--decode-url", dep.decodes[0].url,
-                        "--bootstrap-port", str(dep.bootstrap_port), "--label", name, "--no-progress",
-                        "--out-dir", out], check=True, capture_output=True)
+        r = run_capacity_workload(dep, name, out)
         after = {role: schedstat(pids) for role, pids in servers.items()}
         prio = dep.scheduler_state(dep.prefill)["transfer_worker_priority"]
-        r = json.loads((Path(out) / "bench_multiturn_capacity.json").read_text())["results"][name]
 
     def delta(role: str, thread: str) -> tuple[float, float]:
         a, b = after[role].get(thread, (0, 0)), before[role].get(thread, (0, 0))
