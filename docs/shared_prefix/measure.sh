@@ -21,6 +21,11 @@ for i in 2 3 4 5; do
   run $D/repeats/run$i/bench_multiturn_capacity.log $PY -m sglang_pd.bench_multiturn --preset capacity \
       --configs off,on+shared --out-dir $D/repeats/run$i --no-progress
 done
+# runs 6-8: after 5f3d9bb (prefill's mooncake transfer workers at nice 19, the new default)
+for i in 6 7 8; do
+  run $D/repeats/run$i/bench_multiturn_capacity.log $PY -m sglang_pd.bench_multiturn --preset capacity \
+      --configs off,on+shared --out-dir $D/repeats/run$i --no-progress
+done
 run $D/smollm2/bench_multiturn_short.log $PY -m sglang_pd.bench_multiturn --model smollm2 --preset short --num-clients 4 \
     --num-rounds 3 --max-new-tokens 16 --transfer-backend nixl --page-size 16 --configs on,on+shared \
     --out-dir $D/smollm2 --no-progress

@@ -108,6 +108,9 @@ def repeats_table(names: list[str]) -> str:
                      f"{off['request_throughput']:.2f} / {shared['request_throughput']:.2f} | "
                      f"{shared['request_throughput'] / off['request_throughput']:.2f}x | "
                      f"{ident['counts']['on+shared']}/{ident['num_outputs']} |")
+    itl = [load(n)["results"]["on+shared"]["itl_p50_ms"] / load(n)["results"]["off"]["itl_p50_ms"] for n in names]
+    lines.append(f"\nmedian on+shared / off ITL p50 over {len(names)} runs: {statistics.median(itl):.2f} "
+                 f"(from {min(itl):.2f} to {max(itl):.2f}; > 1 is worse)")
     return "\n".join(lines)
 
 
@@ -158,7 +161,7 @@ if __name__ == "__main__":
     print("\n## step model\n\n" + step_model("bench_multiturn_capacity.json"))
     print("\n## counters on+shared\n\n" + json.dumps(counters("bench_multiturn_capacity.json", "on+shared")))
     print("\n## repeats\n\n" + repeats_table(["bench_multiturn_capacity.json"] + [
-        f"repeats/run{i}/bench_multiturn_capacity.json" for i in (2, 3, 4, 5)]))
+        f"repeats/run{i}/bench_multiturn_capacity.json" for i in (2, 3, 4, 5, 6, 7, 8)]))
     for name in ("smollm2/bench_multiturn_short.json", "smollm2_16clients/bench_multiturn_short.json"):
         print(f"\n## {name}\n\n" + capacity_table(name, [("on+shared vs on", "on+shared vs on")]))
     print("\n## contention\n\n" + contention_table("contention/contention.json"))
