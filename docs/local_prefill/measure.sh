@@ -17,6 +17,11 @@ for i in 2 3 4 5; do
   run $D/repeats/run$i/bench_multiturn_short.log $PY -m sglang_pd.bench_multiturn --preset short --configs on,on+local \
       --local-prefill-tokens 64 --out-dir $D/repeats/run$i --no-progress
 done
+# runs 6-13: after 5f3d9bb (prefill's mooncake transfer workers at nice 19, the new default)
+for i in 6 7 8 9 10 11 12 13; do
+  run $D/repeats/run$i/bench_multiturn_short.log $PY -m sglang_pd.bench_multiturn --preset short --configs on,on+local \
+      --local-prefill-tokens 64 --out-dir $D/repeats/run$i --no-progress
+done
 run $D/sweep/bench_multiturn_short.log $PY -m sglang_pd.bench_multiturn --preset short --configs on \
     --local-sweep 0,16,64,256 --out-dir $D/sweep --no-progress
 # PD schedulers spinning (SGLANG_PD_IDLE_WAIT_US=0, upstream's sleep(0)) vs waiting (the default), alternating

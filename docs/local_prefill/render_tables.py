@@ -83,6 +83,8 @@ if __name__ == "__main__":
     print(on_vs_local_table([HERE / "bench_multiturn_short.json"] + [
         HERE / "repeats" / f"run{i}" / "bench_multiturn_short.json" for i in (2, 3, 4, 5)] + [
         HERE / "idle_wait" / f"wait_{i}" / "bench_multiturn_short.json" for i in (1, 2, 3)]))
+    print("\n## runs 6-13, after 5f3d9bb (prefill's mooncake transfer workers at nice 19)\n")
+    print(on_vs_local_table([HERE / "repeats" / f"run{i}" / "bench_multiturn_short.json" for i in range(6, 14)]))
     print("\n## the same, PD schedulers spinning (SGLANG_PD_IDLE_WAIT_US=0), alternating with the wait_* runs\n")
     print(on_vs_local_table([HERE / "idle_wait" / f"spin_{i}" / "bench_multiturn_short.json" for i in (1, 2, 3)]))
     for path in sys.argv[1:] or [HERE / "bench_multiturn_short.json", HERE / "bench_multiturn_capacity.json",
