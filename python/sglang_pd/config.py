@@ -31,6 +31,7 @@ PEER_AUTH_MAX_SKEW_S = f"{PREFIX}PEER_AUTH_MAX_SKEW_S"
 UNCLAIMED_ROOM_TTL_S = f"{PREFIX}UNCLAIMED_ROOM_TTL_S"
 IDLE_WAIT_US = f"{PREFIX}IDLE_WAIT_US"
 TRANSFER_WORKER_NICE = f"{PREFIX}TRANSFER_WORKER_NICE"
+HELPER_THREADS_BATCH = f"{PREFIX}HELPER_THREADS_BATCH"
 
 
 class SettingsError(ValueError):
@@ -173,6 +174,11 @@ SETTINGS: tuple[Setting, ...] = (
             "prefill: Linux nice value of mooncake's KV transfer worker threads, which spin while their transfer "
             "runs (batch_transfer_sync polls without sleeping); 0 leaves them at the process's priority (upstream)",
             _bounded_count(0, 19, "nice levels")),
+    # Helper threads without wake-up preemption (srt/disaggregation/helper_threads.py).
+    Setting(HELPER_THREADS_BATCH, "helper_threads_batch", "0",
+            "prefill and decode: 1 runs every thread of the HTTP and detokenizer processes and the scheduler's "
+            "Python and ZMQ helper threads at Linux SCHED_BATCH (no wake-up preemption), the scheduler thread at "
+            "SCHED_OTHER; 0 (default) leaves every thread as upstream starts it", _flag),
     Setting(TEST_LOGS, "test_logs", None,
             "tests only: folder where the integration tier keeps server logs (default /tmp/sglang_pd-test-logs)",
             _folder),
@@ -198,6 +204,7 @@ class Settings:
     unclaimed_room_ttl_s: float = 120.0
     idle_wait_us: int = 500
     transfer_worker_nice: int = 19
+    helper_threads_batch: bool = False
     test_logs: Path | None = None
 
     @classmethod

@@ -111,6 +111,11 @@ METRICS: dict[str, tuple[str, str]] = {
                                                      "(or the lower priority they already had)"),
     "pd_transfer_worker_nice_errors_total": ("counter", "transfer worker threads that could not be lowered (logged; "
                                                         "they keep their priority)"),
+    # helper threads without wake-up preemption (srt/disaggregation/helper_threads.py)
+    "pd_helper_threads_batched_total": ("counter", "threads of this process switched to SCHED_BATCH "
+                                                   "(SGLANG_PD_HELPER_THREADS_BATCH)"),
+    "pd_helper_thread_policy_errors_total": ("counter", "threads that could not be switched to SCHED_BATCH (logged; "
+                                                        "they keep their policy)"),
     # shared-prefix decode attention (srt/hooks/attention_backend.py; names in shared_attention_stats.py)
     **SHARED_ATTENTION_METRICS,
 }

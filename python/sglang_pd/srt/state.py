@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from sglang_pd.config import Settings
 from sglang_pd.srt.disaggregation.admission_round import AdmissionRound
 from sglang_pd.srt.disaggregation.decode_admission import DecodePrefixAdmission
+from sglang_pd.srt.disaggregation.helper_threads import HelperThreadPolicy
 from sglang_pd.srt.disaggregation.idle_wait import IdleWait
 from sglang_pd.srt.disaggregation.worker_priority import TransferWorkerPriority
 from sglang_pd.srt.disaggregation.local_prefill import LocalPrefill
@@ -95,6 +96,7 @@ class ProcessState:
     peer_guard: PeerGuard
     idle_wait: IdleWait
     transfer_worker_priority: TransferWorkerPriority
+    helper_threads: HelperThreadPolicy
     applied_hooks: list[str] = field(default_factory=list)
     last_integrity: IntegrityReport | None = None
 
@@ -149,6 +151,7 @@ class ProcessState:
             "shared_attention": self.shared_attention.snapshot(),
             "handshake": self.peer_guard.snapshot(),
             "transfer_worker_priority": self.transfer_worker_priority.snapshot(),
+            "helper_threads": self.helper_threads.snapshot(),
         }
 
 
@@ -171,7 +174,8 @@ def build_state(kind: ProcessKind, settings: Settings) -> ProcessState:
         peer_guard=PeerGuard(auth=load_auth(settings.peer_secret_file, settings.peer_auth_max_skew_s),
                              room_ttl_s=settings.unclaimed_room_ttl_s),
         idle_wait=IdleWait(settings.idle_wait_us / 1e6, counters),
-        transfer_worker_priority=TransferWorkerPriority(settings.transfer_worker_nice, counters))
+        transfer_worker_priority=TransferWorkerPriority(settings.transfer_worker_nice, counters),
+        helper_threads=HelperThreadPolicy(settings.helper_threads_batch, counters))
 
 
 _current: ProcessState | None = None

@@ -93,8 +93,10 @@ def pd_page1() -> PDDeployment:
 
 @pytest.fixture(scope="session")
 def pd_page16() -> PDDeployment:
-    return _deployment("page16", DeploymentConfig(page_size=16, fault_injection=True,
-                                                  log_dir=LOG_ROOT / "page16", env_overrides=_ENV + _auth_env()))
+    """Also runs with SGLANG_PD_HELPER_THREADS_BATCH=1 (opt-in; test_observability checks it from the kernel)."""
+    return _deployment("page16", DeploymentConfig(page_size=16, fault_injection=True, log_dir=LOG_ROOT / "page16",
+                                                  env_overrides=_ENV + _auth_env()
+                                                  + (("SGLANG_PD_HELPER_THREADS_BATCH", "1"),)))
 
 
 # NIXL stall bound for tests (default 60 s): an injected stall then fails within the test's patience.

@@ -2,6 +2,7 @@
 Prometheus metrics on /metrics, each moving by exactly the expected amount over 3 turns."""
 
 import json
+import os
 import random
 import time
 
@@ -170,3 +171,67 @@ def test_prefill_transfer_workers_run_at_the_lower_priority_and_nothing_else_doe
     assert states[pre.name]["counters"]["pd_transfer_workers_lowered_total"] == len(prio["threads"])
     assert states[dec.name]["transfer_worker_priority"]["threads"] == []
     assert _metric(pd.scrape_metrics(pre), "pd_transfer_workers_lowered_total", "prefill") == len(prio["threads"])
+
+
+def _threads(pid: int) -> dict[int, str]:
+    """Thread id -> name (comm) of process `pid`."""
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            out[int(tid)] = open(f"/proc/{pid}/task/{tid}/comm").read().strip()
+        except OSError:
+            continue  # ended meanwhile
+    return out
+
+
+def _children(pid: int) -> dict[str, int]:
+    """Process name -> pid of `pid`'s SGLang subprocesses (scheduler, detokenizer)."""
+    kids = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _proc_field(int(entry), "PPid") == str(pid):
+            kids[open(f"/proc/{entry}/comm").read().strip()] = int(entry)
+    return kids
+
+
+def _policy(tid: int) -> int:
+    return os.sched_getscheduler(tid)
+
+
+def test_helper_threads_run_sched_batch_and_the_scheduler_thread_does_not(pd_page16: PDDeployment,
+                                                                          pd_page1: PDDeployment):
+    """SGLANG_PD_HELPER_THREADS_BATCH=1 (pd_page16 sets it), read from the kernel in both PD servers: every thread of
+    the HTTP and detokenizer processes at SCHED_BATCH, the scheduler thread at SCHED_OTHER, its ZMQ I/O
+    threads and (prefill) its transfer workers at SCHED_BATCH, as the scheduler's own record says; a plain
+    (aggregated) server and the page-1 pair (setting unset: off) keep every thread at SCHED_OTHER; a request is
+    served afterwards."""
+    pd = pd_page16
+    rng = random.Random(79)
+    for _ in range(2):  # the first may start per-peer helpers; the sweep (<= 1/s, at a step) sees them in the second
+        _, decoded, _ = pd.generate_pd([9] + [rng.randrange(3, VOCAB_SIZE) for _ in range(40)], 4)
+        assert len(decoded["output_ids"]) == 4
+        time.sleep(1.2)
+    states = pd.wait_clean()
+    for server in (pd.prefill, pd.decodes[0]):
+        kids = _children(server.proc.pid)
+        scheduler = next(pid for name, pid in kids.items() if name.startswith("sglang::schedul"))
+        detokenizer = next(pid for name, pid in kids.items() if name.startswith("sglang::detoken"))
+        http, detok, sched = _threads(server.proc.pid), _threads(detokenizer), _threads(scheduler)
+        assert len(http) > 1 and detok and len(sched) > 1, (server.name, http, detok, sched)
+        assert {t: _policy(t) for t in http} == {t: os.SCHED_BATCH for t in http}, server.name
+        assert {t: _policy(t) for t in detok} == {t: os.SCHED_BATCH for t in detok}, server.name
+        assert _policy(scheduler) == os.SCHED_OTHER, server.name  # the thread that runs steps
+        zmq = [t for t, name in sched.items() if name.startswith("ZMQbg/")]
+        assert zmq and all(_policy(t) == os.SCHED_BATCH for t in zmq), (server.name, {t: sched[t] for t in zmq})
+        record = states[server.name]["helper_threads"]
+        assert record["enabled"] and record["scope"] == "scheduler" and record["errors"] == [], record
+        assert record["step_tid"] == scheduler and record["step_policy"] == "other", record
+        assert record["num_batched"] > len(zmq), record  # Python helpers too
+        assert states[server.name]["counters"]["pd_helper_threads_batched_total"] == record["num_batched"]
+        role = "prefill" if server is pd.prefill else "decode"
+        assert _metric(pd.scrape_metrics(server), "pd_helper_threads_batched_total", role) == record["num_batched"]
+    for thread in states[pd.prefill.name]["transfer_worker_priority"]["threads"]:
+        assert _policy(thread["tid"]) == os.SCHED_BATCH, thread
+    for server in (pd_page1.plain, pd_page1.prefill, pd_page1.decodes[0]):
+        tids = [t for pid in (server.proc.pid, *_children(server.proc.pid).values()) for t in _threads(pid)]
+        assert len(tids) > 3 and all(_policy(t) == os.SCHED_OTHER for t in tids), server.name
+    assert pd_page1.scheduler_state(pd_page1.decodes[0])["helper_threads"]["num_batched"] == 0

@@ -90,6 +90,8 @@ def after_init_disaggregation(result, scheduler):
             state.counters.role, state.counters.backend = role, backend
     except Exception:
         state.hook_failed("init_disaggregation", "could not set up metrics")
+    if role in ("prefill", "decode"):
+        state.helper_threads.start_scheduler()  # this is the scheduler thread: it keeps SCHED_OTHER
     if role == "decode" and state.local_prefill.enabled:
         problem = local_prefill_problem(scheduler, backend)
         if problem:  # the operator asked for it: refuse to start rather than serve without it
@@ -124,6 +126,7 @@ def before_run_batch(scheduler, batch, pp_proxy_tensors=None):
     """A forward starts now. Decode: the SLO step meter closes the previous step's sample, and a local
     extend's tokens count in the current step. Prefill: count the prompt tokens its model computes."""
     state = current()
+    state.helper_threads.maybe_sweep()
     mode = mode_name(scheduler.disaggregation_mode)
     if mode == "decode" and batch.forward_mode.is_decode():
         state.slo.on_step_start(time.perf_counter(), batch.batch_size(), sum(kv_len(r) for r in batch.reqs),
@@ -186,7 +189,9 @@ def after_on_idle(result, scheduler):
     sleeps SGLANG_PD_IDLE_WAIT_US instead of spinning on upstream's sleep(0) (idle_wait.py)."""
     from sglang.srt.disaggregation.utils import DisaggregationMode
 
-    wait = current().idle_wait
+    state = current()
+    state.helper_threads.maybe_sweep()
+    wait = state.idle_wait
     if (wait.enabled and scheduler.disaggregation_mode != DisaggregationMode.NULL
             and not scheduler.is_fully_idle()):
         wait.wait()

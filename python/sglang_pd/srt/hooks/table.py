@@ -13,9 +13,10 @@ from dataclasses import dataclass
 from typing import Callable
 
 from sglang_pd.srt.hooks import (attention_backend, bootstrap_server, common_conn, common_utils,
-                                 decode_prealloc_queue, decode_scheduler, http_server, mem_cache_common, mooncake_conn,
-                                 network, nixl_api, nixl_conn, output_streamer, prefill, prefix_cache,
-                                 requests_sessions, schedule_batch, scheduler, tokenizer_manager)
+                                 decode_prealloc_queue, decode_scheduler, detokenizer_manager, http_server,
+                                 mem_cache_common, mooncake_conn, network, nixl_api, nixl_conn, output_streamer,
+                                 prefill, prefix_cache, requests_sessions, schedule_batch, scheduler,
+                                 tokenizer_manager)
 from sglang_pd.srt.state import ProcessKind
 
 _DISAGG = "sglang.srt.disaggregation"
@@ -42,13 +43,22 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         "mount GET /sglang_pd/info and /sglang_pd/stats on the server's own FastAPI app (and, with a TTFT "
         "target, the Retry-After middleware for early-rejection 503s)"),
     HookSpec(
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager.__init__", "AFTER", tokenizer_manager.after_init,
+        ProcessKind.HTTP, "a PD server's HTTP process runs every thread at SCHED_BATCH (no wake-up preemption of "
+        "a scheduler step; helper_threads.py)"),
+    HookSpec(
+        "sglang.srt.managers.detokenizer_manager.DetokenizerManager.__init__", "AFTER",
+        detokenizer_manager.after_init, ProcessKind.DETOKENIZER,
+        "a PD server's detokenizer runs every thread at SCHED_BATCH (helper_threads.py)"),
+    HookSpec(
         "sglang.srt.managers.tokenizer_manager.TokenizerManager.update_request_meta_info", "AFTER",
         tokenizer_manager.after_update_request_meta_info, ProcessKind.HTTP,
         "turn our per-request decode fields into plain numbers in meta_info"),
     HookSpec(
         "sglang.srt.managers.scheduler.Scheduler.init_disaggregation", "AFTER",
         scheduler.after_init_disaggregation, ProcessKind.SCHEDULER,
-        "label sglang_pd metrics with role/backend; export them on /metrics when metrics are on"),
+        "label sglang_pd metrics with role/backend; export them on /metrics when metrics are on; a PD "
+        "scheduler's helper threads to SCHED_BATCH, its own thread kept at SCHED_OTHER (helper_threads.py)"),
     HookSpec(
         "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer"
         ".is_request_level_customized_info_key", "AROUND",
@@ -164,7 +174,8 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
     HookSpec(
         "sglang.srt.managers.scheduler.Scheduler.run_batch", "BEFORE", scheduler.before_run_batch,
         ProcessKind.SCHEDULER, "decode: time launch-to-launch of decode steps (a local extend's tokens ride "
-        "on its step), the samples the step model learns; prefill: count prompt tokens its model computes"),
+        "on its step), the samples the step model learns; prefill: count prompt tokens its model computes; "
+        "helper threads started since the last sweep to SCHED_BATCH (at most once a second)"),
     HookSpec(
         f"{_DISAGG}.decode.SchedulerDisaggregationDecodeMixin._get_new_prebuilt_batch", "AROUND",
         decode_scheduler.around_get_new_prebuilt_batch, ProcessKind.SCHEDULER,
@@ -193,7 +204,7 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
     HookSpec(
         "sglang.srt.managers.scheduler.Scheduler.on_idle", "AFTER", scheduler.after_on_idle, ProcessKind.SCHEDULER,
         "a PD scheduler with transfers in flight and nothing to run sleeps SGLANG_PD_IDLE_WAIT_US instead of "
-        "spinning a core on sleep(0)"),
+        "spinning a core on sleep(0); the helper-thread sweep runs while idle too"),
     HookSpec(
         "sglang.srt.managers.scheduler.Scheduler.is_fully_idle", "AFTER", scheduler.after_is_fully_idle,
         ProcessKind.SCHEDULER, "not idle while local-prefill requests hold pages (no idle sleep, no idle "

@@ -1,8 +1,23 @@
-"""Hook on SGLang's `TokenizerManager` (HTTP process): our meta_info fields as plain numbers."""
+"""Hooks on SGLang's `TokenizerManager` (HTTP process): our meta_info fields as plain numbers; a PD
+server's HTTP process runs its threads without wake-up preemption (helper_threads.py)."""
 
 from __future__ import annotations
 
 from sglang_pd.srt.disaggregation.request_fields import unwrap_request_fields
+from sglang_pd.srt.state import current
+
+
+def is_pd_server(server_args) -> bool:
+    """True for a prefill or decode server (read-only)."""
+    return str(getattr(server_args, "disaggregation_mode", "null")) in ("prefill", "decode")
+
+
+def after_init(result, manager, server_args, port_args, *, start_pd_bootstrap_service=True):
+    """SGLang has started the schedulers and detokenizer by now (they do not inherit this): a PD server's
+    HTTP process moves every thread to SCHED_BATCH; the threads it starts later inherit it."""
+    if is_pd_server(server_args):
+        current().helper_threads.apply_to_process()
+    return result
 
 
 def after_update_request_meta_info(result, manager, meta_info, state, customized_info, index, finish_reason):
