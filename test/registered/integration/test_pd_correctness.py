@@ -141,3 +141,27 @@ def test_plugin_active_on_both_servers(pd_page1: PDDeployment):
         assert "BEFORE sglang.srt.entrypoints.http_server.launch_server" in info["http_hooks"]
         assert any("finalize_bootstrap" in h for h in info["scheduler_hooks"][0])
     pd_page1.check_alive()
+
+
+@pytest.mark.parametrize("bad, named", [(VOCAB_SIZE, f"input_ids[2] = {VOCAB_SIZE} is outside this model's vocabulary"),
+                                        (-1, "input_ids[2] = -1 is outside this model's vocabulary"),
+                                        (2.5, "input_ids[2] = 2.5 is not an integer token id")])
+def test_a_prompt_token_outside_the_vocabulary_is_refused_and_every_server_keeps_serving(pd_page1: PDDeployment,
+                                                                                       bad, named):
+    """Upstream's scheduler dies at the embedding lookup on such an id (the whole server with it): the
+    plain server and both halves of a PD pair answer HTTP 400 naming the id and the range, stay up, leak
+    nothing, and then serve a normal request whose outputs equal plain's."""
+    dep, rng = pd_page1, random.Random(404)
+    servers = (dep.plain, dep.prefill, dep.decodes[0])
+    assert all(s.is_running() for s in servers)
+    ids = _tokens(rng, 2) + [bad] + _tokens(rng, 20)
+    plain = dep.post_generate(dep.plain.url, ids, NEW_TOKENS)
+    pre, dec, _ = dep.post_generate_pd(ids, NEW_TOKENS)
+    for name, resp in (("plain", plain), ("prefill", pre), ("decode", dec)):
+        assert resp.status_code == 400, (name, resp.status_code, resp.text[:300])
+        assert named in resp.text and f"[0, {VOCAB_SIZE})" in resp.text or "not an integer" in named, (name, resp.text)
+    assert all(s.is_running() for s in servers)
+    good = _tokens(rng, 30)
+    _, decoded, _ = dep.generate_pd(good, NEW_TOKENS)
+    assert decoded["output_ids"] == dep.generate(dep.plain.url, good, NEW_TOKENS)["output_ids"]
+    dep.wait_clean()

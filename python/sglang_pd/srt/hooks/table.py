@@ -51,6 +51,11 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         detokenizer_manager.after_init, ProcessKind.DETOKENIZER,
         "a PD server's detokenizer runs every thread at SCHED_BATCH (helper_threads.py)"),
     HookSpec(
+        "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", "AFTER",
+        tokenizer_manager.after_validate_one_request, ProcessKind.HTTP,
+        "refuse a prompt token id outside [0, vocab_size) with HTTP 400 (upstream's scheduler dies on it at the "
+        "embedding lookup; prompt_guard.py)"),
+    HookSpec(
         "sglang.srt.managers.tokenizer_manager.TokenizerManager.update_request_meta_info", "AFTER",
         tokenizer_manager.after_update_request_meta_info, ProcessKind.HTTP,
         "turn our per-request decode fields into plain numbers in meta_info"),

@@ -1,8 +1,10 @@
-"""Hooks on SGLang's `TokenizerManager` (HTTP process): our meta_info fields as plain numbers; a PD
-server's HTTP process runs its threads without wake-up preemption (helper_threads.py)."""
+"""Hooks on SGLang's `TokenizerManager` (HTTP process): our meta_info fields as plain numbers; a
+prompt's token ids checked against the vocabulary (prompt_guard.py); a PD server's HTTP process runs
+its threads without wake-up preemption (helper_threads.py)."""
 
 from __future__ import annotations
 
+from sglang_pd.srt.disaggregation.prompt_guard import check_input_ids
 from sglang_pd.srt.disaggregation.request_fields import unwrap_request_fields
 from sglang_pd.srt.state import current
 
@@ -23,4 +25,12 @@ def after_init(result, manager, server_args, port_args, *, start_pd_bootstrap_se
 def after_update_request_meta_info(result, manager, meta_info, state, customized_info, index, finish_reason):
     """Unwrap our fields from SGLang's accumulated one-element lists into plain numbers."""
     unwrap_request_fields(meta_info)
+    return result
+
+
+def after_validate_one_request(result, manager, obj, input_ids):
+    """After SGLang's own checks: an id outside the vocabulary is refused here (ValueError: HTTP 400 naming
+    it) instead of ending the scheduler at its embedding lookup."""
+    if input_ids is not None:
+        check_input_ids(input_ids, manager.model_config.vocab_size)
     return result
