@@ -4,6 +4,7 @@ prefill: one suite (mixin), one class per transfer backend."""
 import random
 
 import pytest
+import requests
 
 from sglang_pd.harness import PDDeployment
 from sglang_pd.models import VOCAB_SIZE
@@ -164,4 +165,38 @@ def test_a_prompt_token_outside_the_vocabulary_is_refused_and_every_server_keeps
     good = _tokens(rng, 30)
     _, decoded, _ = dep.generate_pd(good, NEW_TOKENS)
     assert decoded["output_ids"] == dep.generate(dep.plain.url, good, NEW_TOKENS)["output_ids"]
+    dep.wait_clean()
+
+
+def test_a_malformed_pairing_or_top_logprobs_is_refused_and_both_servers_keep_serving(pd_page1: PDDeployment):
+    """Each request below ends upstream's scheduler (decode: a room without a host dies in
+    `_bootstrap_addr`; prefill: top_logprobs_num above the vocabulary dies in torch.topk) or carries a
+    field no peer can use. Each is answered with HTTP 400 naming the field, by the server it was sent to;
+    both stay up, leak nothing, and then serve a normal pair whose outputs equal plain's."""
+    dep, rng = pd_page1, random.Random(405)
+    ids = _tokens(rng, 24)
+    sampling = {"max_new_tokens": NEW_TOKENS, "temperature": 0.0, "ignore_eos": True}
+    decode_only = [({"bootstrap_room": 12345}, "bootstrap_host is required on a decode server"),
+                   ({"bootstrap_room": 12345, "bootstrap_host": "\x00;x", "bootstrap_port": 8998},
+                    "is not a host name or IP address"),
+                   ({"bootstrap_room": 12345, "bootstrap_host": "127.0.0.1", "bootstrap_port": 70000},
+                    "bootstrap_port 70000 must be an integer in [1, 65535]")]
+    paired = [({"bootstrap_room": -5}, "bootstrap_room -5 must be an integer"),
+              ({"bootstrap_room": 2 ** 63}, "bootstrap_room"),  # ours or pydantic's parse error: both name it
+              ({"return_logprob": True, "top_logprobs_num": 10 ** 6},
+               f"top_logprobs_num 1000000 must be an integer in [0, {VOCAB_SIZE}]")]
+    servers = (dep.prefill, dep.decodes[0])
+    assert all(s.is_running() for s in servers)
+    for extra, named in decode_only:
+        resp = requests.post(dep.decodes[0].url + "/generate", timeout=60,
+                             json={"input_ids": ids, "sampling_params": sampling, **extra})
+        assert resp.status_code == 400 and named in resp.text, (extra, resp.status_code, resp.text[:300])
+    for extra, named in paired:
+        body = {"input_ids": ids, "sampling_params": sampling, **dep.pairing(), **extra}
+        for server in servers:
+            resp = requests.post(server.url + "/generate", json=body, timeout=60)
+            assert resp.status_code == 400 and named in resp.text, (server.name, extra, resp.text[:300])
+    assert all(s.is_running() for s in servers)
+    _, decoded, _ = dep.generate_pd(ids, NEW_TOKENS)
+    assert decoded["output_ids"] == dep.generate(dep.plain.url, ids, NEW_TOKENS)["output_ids"]
     dep.wait_clean()

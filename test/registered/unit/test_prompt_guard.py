@@ -30,3 +30,13 @@ def test_the_first_bad_id_is_named(ids, message):
     with pytest.raises(ValueError) as info:
         check_input_ids(ids, 512)
     assert str(info.value) == message
+
+
+def test_top_logprobs_num_within_the_vocabulary():
+    from sglang_pd.srt.disaggregation.prompt_guard import check_top_logprobs_num
+
+    for good in (None, 0, 5, 512):
+        check_top_logprobs_num(good, 512)
+    for bad in (513, 10 ** 6, -1, 2.0, "5", True):
+        with pytest.raises(ValueError, match=r"top_logprobs_num .* must be an integer in \[0, 512\]"):
+            check_top_logprobs_num(bad, 512)

@@ -6,7 +6,9 @@ scheduler process and with it the server (every other request fails). In PD that
 scheduler (and decode's, for a request it prefills locally); any client that can reach the HTTP port
 can do it with one request. The check runs in the HTTP process where SGLang validates the request's
 length, so the request is answered with HTTP 400 naming the first bad id and the valid range and
-nothing is queued. Read-only; no SGLang import.
+nothing is queued. The same holds for `top_logprobs_num` (logprobs of the k most likely tokens): a k
+above the vocabulary ends the scheduler at `torch.topk` ("selected index k out of range"), so it is
+checked here too. Read-only; no SGLang import.
 """
 
 from __future__ import annotations
@@ -25,3 +27,12 @@ def check_input_ids(input_ids: Sequence, vocab_size: int) -> None:
             raise ValueError(f"input_ids[{pos}] = {token_id!r} is not an integer token id")
         if not 0 <= token_id < vocab_size:
             raise ValueError(f"input_ids[{pos}] = {token_id} is outside this model's vocabulary [0, {vocab_size})")
+
+
+def check_top_logprobs_num(top_logprobs_num, vocab_size: int) -> None:
+    """Raise ValueError unless `top_logprobs_num` is None or an integer in [0, vocab_size] (naming it)."""
+    if top_logprobs_num is None:
+        return
+    if type(top_logprobs_num) is not int or not 0 <= top_logprobs_num <= vocab_size:
+        raise ValueError(f"top_logprobs_num {top_logprobs_num!r} must be an integer in [0, {vocab_size}] "
+                         "(this model's vocabulary)")

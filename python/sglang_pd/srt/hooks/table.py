@@ -53,8 +53,8 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
     HookSpec(
         "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", "AFTER",
         tokenizer_manager.after_validate_one_request, ProcessKind.HTTP,
-        "refuse a prompt token id outside [0, vocab_size) with HTTP 400 (upstream's scheduler dies on it at the "
-        "embedding lookup; prompt_guard.py)"),
+        "refuse a prompt token id outside [0, vocab_size) and, on a PD server, a malformed bootstrap room / host / "
+        "port with HTTP 400 (upstream's scheduler dies on either; prompt_guard.py, pairing_guard.py)"),
     HookSpec(
         "sglang.srt.managers.tokenizer_manager.TokenizerManager.update_request_meta_info", "AFTER",
         tokenizer_manager.after_update_request_meta_info, ProcessKind.HTTP,
