@@ -3,8 +3,8 @@ or decode server, before SGLang's scheduler uses them.
 
 SGLang 0.5.23 checks only that a PD request has a bootstrap room. On decode, a request with a room and
 no `bootstrap_host` reaches `_bootstrap_addr` in the scheduler, whose AttributeError ends the scheduler
-and the server (test_pd_correctness.py -k pairing shows the request refused instead): anyone who can reach decode's HTTP port can
-take it down. A room or port of the wrong type or range travels into handshake messages the peer
+and the server: anyone who can reach decode's HTTP port can take it down (test_pd_correctness.py -k
+pairing: refused instead; docs/prompt_guard/http_fuzz.py). A room or port of the wrong type or range travels into handshake messages the peer
 refuses. Each field is checked against the form SGLang and its peers use; a bad one is answered with
 HTTP 400 naming the field and the rule. Read-only; no SGLang import.
 """
