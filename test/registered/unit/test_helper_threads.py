@@ -43,29 +43,30 @@ class Parked:
         self.thread.join(5)
 
 
-@pytest.fixture()
-def in_fresh_thread():
-    """Run the test body's policy calls on a new thread standing in for the scheduler thread, so the test
-    process's own threads are not switched; restores every thread of the process to SCHED_OTHER after."""
+@pytest.fixture(autouse=True)
+def _restore_policies():
+    """Every thread a test left at SCHED_BATCH that was SCHED_OTHER before goes back to SCHED_OTHER."""
     before = {tid: policy_of(tid) for tid in _tasks()}
-
-    def run(fn):
-        out = {}
-
-        def body():
-            out["tid"] = threading.get_native_id()
-            out["result"] = fn()
-            out["policy"] = policy_of(out["tid"])
-
-        t = threading.Thread(target=body)
-        t.start()
-        t.join(10)
-        return out
-
-    yield run
+    yield
     for tid in _tasks():
         if policy_of(tid) == os.SCHED_BATCH and before.get(tid, os.SCHED_OTHER) == os.SCHED_OTHER:
             os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
+
+
+def on_new_thread(fn) -> dict:
+    """Run `fn` on a new thread (standing in for the scheduler thread, or for a process's only caller);
+    its tid, fn's result, and the thread's policy after fn."""
+    out = {}
+
+    def body():
+        out["tid"] = threading.get_native_id()
+        out["result"] = fn()
+        out["policy"] = policy_of(out["tid"])
+
+    thread = threading.Thread(target=body)
+    thread.start()
+    thread.join(10)
+    return out
 
 
 def native_thread() -> tuple[int, object]:
@@ -98,31 +99,20 @@ def test_scheduler_scope_switches_python_and_zmq_helpers_and_keeps_the_step_thre
     zmq_tids = [tid for tid in _tasks() if _thread_name(tid).startswith("ZMQbg/")]
     try:
         assert zmq_tids and policy_of(helper.tid) == os.SCHED_OTHER
-        out = {}
-
-        def step_thread():
-            out["tid"] = threading.get_native_id()
-            out["num"] = policy.start_scheduler()
-            out["policy"] = policy_of(out["tid"])
-
-        t = threading.Thread(target=step_thread)
-        t.start()
-        t.join(10)
+        out = on_new_thread(policy.start_scheduler)
         assert out["policy"] == os.SCHED_OTHER  # the step thread is never switched
         assert policy_of(helper.tid) == os.SCHED_BATCH
         assert policy_of(main_tid) == os.SCHED_BATCH  # pytest's main thread is a Python helper here
         for tid in zmq_tids:
             assert policy_of(tid) == os.SCHED_BATCH, _thread_name(tid)
-        assert out["num"] >= 2 + len(zmq_tids)
-        assert counters.values["pd_helper_threads_batched_total"] == out["num"]
+        assert out["result"] >= 2 + len(zmq_tids)
+        assert counters.values["pd_helper_threads_batched_total"] == out["result"]
         snap = policy.snapshot()
         assert snap["scope"] == "scheduler" and snap["step_tid"] == out["tid"] and snap["errors"] == []
-        assert snap["num_batched"] == out["num"]
+        assert snap["num_batched"] == out["result"]
     finally:
         helper.stop()
         ctx.term()
-        for tid in _tasks():
-            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
 
 
 def test_a_native_thread_of_another_library_is_left_alone_and_the_sweep_catches_new_helpers():
@@ -145,15 +135,13 @@ def test_a_native_thread_of_another_library_is_left_alone_and_the_sweep_catches_
         late.stop()
     finally:
         early.stop()
-        for tid in _tasks():
-            os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
 
 
-def test_process_scope_switches_every_thread_and_new_threads_inherit_it(in_fresh_thread):
+def test_process_scope_switches_every_thread_and_new_threads_inherit_it():
     policy = HelperThreadPolicy(True, PDCounters())
     other = Parked()
     try:
-        out = in_fresh_thread(policy.apply_to_process)
+        out = on_new_thread(policy.apply_to_process)
         assert out["policy"] == os.SCHED_BATCH  # the caller too: nothing here runs steps
         assert all(policy_of(tid) == os.SCHED_BATCH for tid in _tasks())
         later = Parked()  # started by a thread now at SCHED_BATCH
@@ -176,9 +164,6 @@ def test_off_switches_nothing_and_an_operators_policy_is_kept():
         assert policy_of(helper.tid) == os.SCHED_IDLE
     finally:
         helper.stop()
-        for tid in _tasks():
-            if policy_of(tid) == os.SCHED_BATCH:
-                os.sched_setscheduler(tid, os.SCHED_OTHER, os.sched_param(0))
 
 
 def test_a_thread_that_cannot_be_switched_is_counted_and_keeps_its_policy(monkeypatch, caplog):

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import re
 
-MAX_ROOM = 2**63 - 1          # rooms are 63-bit (sglang-router draws them so; the handshake gate caps them)
+from sglang_pd.srt.disaggregation.frame_fields import MAX_ROOM  # the handshake gate's bound: one for both
+
 MAX_HOST_LEN = 253            # a DNS name's limit; IPv4 and bracketed IPv6 fit too
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f:.]+|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)$")
 
