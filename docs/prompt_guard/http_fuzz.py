@@ -1,8 +1,9 @@
-"""27 hostile /generate bodies (bootstrap room/host/port of wrong type or range, huge or negative
-sampling values, logprob fields beyond the vocabulary, malformed input_ids, LoRA path, custom logit
-processor, DP rank, session) sent to a PD pair's prefill alone, decode alone, and both paired as a router
-would; after each, both servers' /health. Stops at the first server down. Writes http_fuzz.json beside
-this file.
+"""50 hostile /generate bodies (bootstrap room/host/port of wrong type or range, huge or negative
+sampling values, logprob fields beyond the vocabulary or below -1, n = 0 / a string / 10**6, malformed
+or over-long input_ids, stop lists, bad regexes, embeddings / images / hidden states on a text server,
+LoRA path, custom logit processor, DP rank, session) sent to a PD pair's prefill alone, decode alone,
+and both paired as a router would; after each, both servers' /health. Stops at the first server down.
+Writes http_fuzz.json beside this file.
 
     .venv/bin/python docs/prompt_guard/http_fuzz.py
 """
@@ -36,6 +37,29 @@ cases = {
   "custom_logit_processor": {"custom_logit_processor": "garbage"},
   "data_parallel_rank": {"data_parallel_rank": 99},
   "session": {"session_params": {"id": "nope"}},
+  # added with the logprob_start_len / n checks (upstream: -7 ends the scheduler, n = 10**6 stalls HTTP)
+  "logprob_start_neg": {"return_logprob": True, "logprob_start_len": -7},
+  "logprob_start_beyond": {"return_logprob": True, "logprob_start_len": 41},
+  "n_huge": {"sampling_params": {"n": 10**6}}, "n_zero": {"sampling_params": {"n": 0}},
+  "n_str": {"sampling_params": {"n": "2"}},
+  "token_ids_logprob_bad": {"return_logprob": True, "token_ids_logprob": [VOCAB_SIZE, -5]},
+  "min_new_huge": {"sampling_params": {"min_new_tokens": 2**40}},
+  "min_new_neg": {"sampling_params": {"min_new_tokens": -3}},
+  "seed_huge": {"sampling_params": {"sampling_seed": 2**70, "temperature": 1.0}},
+  "temp_huge": {"sampling_params": {"temperature": 1e300}},
+  "min_p_big": {"sampling_params": {"min_p": 5.0, "temperature": 1.0}},
+  "top_k_huge": {"sampling_params": {"top_k": 2**40}},
+  "rep_zero": {"sampling_params": {"repetition_penalty": 0.0}},
+  "bias_key_str": {"sampling_params": {"logit_bias": {"abc": 1.0}}},
+  "bias_key_vocab": {"sampling_params": {"logit_bias": {str(VOCAB_SIZE): 1.0}}},
+  "stop_many": {"sampling_params": {"stop": ["ab%d" % i for i in range(5000)]}},
+  "stop_regex_bad": {"sampling_params": {"stop_regex": "(("}},
+  "rid_list": {"rid": ["a", "b"]},
+  "input_embeds": {"input_embeds": [[1.0, 2.0]]},
+  "image_data": {"image_data": "http://127.0.0.1:1/x.png"},
+  "hidden_states": {"return_hidden_states": True},
+  "priority_huge": {"priority": 10**30},
+  "ids_too_long": {"input_ids": [5] * 100000},
 }
 with dep:
     rows = []

@@ -32,6 +32,7 @@ UNCLAIMED_ROOM_TTL_S = f"{PREFIX}UNCLAIMED_ROOM_TTL_S"
 IDLE_WAIT_US = f"{PREFIX}IDLE_WAIT_US"
 TRANSFER_WORKER_NICE = f"{PREFIX}TRANSFER_WORKER_NICE"
 HELPER_THREADS_BATCH = f"{PREFIX}HELPER_THREADS_BATCH"
+MAX_PARALLEL_SAMPLES = f"{PREFIX}MAX_PARALLEL_SAMPLES"
 
 
 class SettingsError(ValueError):
@@ -179,6 +180,11 @@ SETTINGS: tuple[Setting, ...] = (
             "prefill and decode: 1 runs every thread of the HTTP and detokenizer processes and the scheduler's "
             "Python and ZMQ helper threads at Linux SCHED_BATCH (no wake-up preemption), the scheduler thread at "
             "SCHED_OTHER; 0 (default) leaves every thread as upstream starts it", _flag),
+    # Hostile requests (srt/disaggregation/prompt_guard.py).
+    Setting(MAX_PARALLEL_SAMPLES, "max_parallel_samples", "128",
+            "every server: a request whose sampling_params.n (parallel samples) exceeds this is refused with HTTP "
+            "400 before SGLang copies it n times (upstream has no cap: n = 10**6 stalls the HTTP process)",
+            _bounded_count(1, 1_000_000, "parallel samples")),
     Setting(TEST_LOGS, "test_logs", None,
             "tests only: folder where the integration tier keeps server logs (default /tmp/sglang_pd-test-logs)",
             _folder),
@@ -205,6 +211,7 @@ class Settings:
     idle_wait_us: int = 500
     transfer_worker_nice: int = 19
     helper_threads_batch: bool = False
+    max_parallel_samples: int = 128
     test_logs: Path | None = None
 
     @classmethod

@@ -170,8 +170,9 @@ def test_a_prompt_token_outside_the_vocabulary_is_refused_and_every_server_keeps
 
 def test_a_malformed_pairing_or_top_logprobs_is_refused_and_both_servers_keep_serving(pd_page1: PDDeployment):
     """Each request below ends upstream's scheduler (decode: a room without a host dies in
-    `_bootstrap_addr`; prefill: top_logprobs_num above the vocabulary dies in torch.topk) or carries a
-    field no peer can use. Each is answered with HTTP 400 naming the field, by the server it was sent to;
+    `_bootstrap_addr`; prefill: top_logprobs_num above the vocabulary dies in torch.topk, a
+    logprob_start_len below -1 in an assertion after the forward), stalls its HTTP process (n = 10**6
+    copies) or carries a field no peer can use. Each is answered with HTTP 400 naming the field, by the server it was sent to;
     both stay up, leak nothing, and then serve a normal pair whose outputs equal plain's."""
     dep, rng = pd_page1, random.Random(405)
     ids = _tokens(rng, 24)
@@ -184,7 +185,10 @@ def test_a_malformed_pairing_or_top_logprobs_is_refused_and_both_servers_keep_se
     paired = [({"bootstrap_room": -5}, "bootstrap_room -5 must be an integer"),
               ({"bootstrap_room": 2 ** 63}, "bootstrap_room"),  # ours or pydantic's parse error: both name it
               ({"return_logprob": True, "top_logprobs_num": 10 ** 6},
-               f"top_logprobs_num 1000000 must be an integer in [0, {VOCAB_SIZE}]")]
+               f"top_logprobs_num 1000000 must be an integer in [0, {VOCAB_SIZE}]"),
+              ({"return_logprob": True, "logprob_start_len": -7}, "logprob_start_len -7 must be an integer >= -1"),
+              ({"sampling_params": {**sampling, "n": 10 ** 6}},
+               "sampling_params.n 1000000 must be an integer in [1, 128]")]
     servers = (dep.prefill, dep.decodes[0])
     assert all(s.is_running() for s in servers)
     for extra, named in decode_only:

@@ -70,3 +70,20 @@ def test_multi_turn_chat_through_router(pd_smollm2: PDDeployment):
                                     "decode_hit_tokens_turn2": hits})
     assert hits > 0, "turn 2 reuses turn 1's conversation on decode"
     dep.wait_clean()
+
+
+def test_openai_chat_with_n_above_the_cap_is_refused_and_chat_goes_on(pd_smollm2: PDDeployment):
+    """/v1/chat/completions builds the same GenerateReqInput as /generate: n above
+    SGLANG_PD_MAX_PARALLEL_SAMPLES (128) is refused with 400 naming it before SGLang copies the request n
+    times (upstream's HTTP process stalls on n = 10**6), on the plain server and on each PD server; a
+    normal chat is served right after and nothing leaks."""
+    dep = pd_smollm2
+    messages = [{"role": "user", "content": "Name a fruit that is yellow."}]
+    for server in (dep.plain, dep.prefill, dep.decodes[0]):
+        resp = requests.post(server.url + "/v1/chat/completions", timeout=60, json={
+            "model": "default", "messages": messages, "temperature": 0.0, "max_tokens": 8, "n": 10 ** 6})
+        assert resp.status_code == 400, (server.name, resp.status_code, resp.text[:300])
+        assert "sampling_params.n 1000000 must be an integer in [1, 128]" in resp.text, resp.text[:300]
+    assert all(s.is_running() for s in (dep.plain, dep.prefill, dep.decodes[0]))
+    assert _chat(dep.router.url, messages) == _chat(dep.plain.url, messages)
+    dep.wait_clean()

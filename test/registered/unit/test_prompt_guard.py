@@ -40,3 +40,48 @@ def test_top_logprobs_num_within_the_vocabulary():
     for bad in (513, 10 ** 6, -1, 2.0, "5", True):
         with pytest.raises(ValueError, match=r"top_logprobs_num .* must be an integer in \[0, 512\]"):
             check_top_logprobs_num(bad, 512)
+
+
+def test_logprob_start_len_is_none_minus_one_or_a_position():
+    from sglang_pd.srt.disaggregation.prompt_guard import check_logprob_start_len
+
+    for good in (None, -1, 0, 7, 10 ** 9):  # past the prompt: SGLang's own check answers that one
+        check_logprob_start_len(good)
+    for bad in (-2, -7, -(10 ** 9), 1.0, "3", True, [0]):
+        with pytest.raises(ValueError, match=r"logprob_start_len .* must be an integer >= -1"):
+            check_logprob_start_len(bad)
+
+
+def test_parallel_samples_within_the_cap_pass_in_every_form_sglang_accepts():
+    """sampling_params as a request carries it before SGLang normalises it: absent, one dict, a list of
+    dicts (a batch); n absent or in [1, cap]; a malformed sampling_params is left to SGLang's parser."""
+    from sglang_pd.srt.disaggregation.prompt_guard import check_parallel_samples
+
+    for params in (None, {}, {"temperature": 0.5}, {"n": 1}, {"n": 128}, [{"n": 4}, {"n": 4}], [], "garbage",
+                   [None, {"n": 2}]):
+        check_parallel_samples(params, 128)
+
+
+@pytest.mark.parametrize("params, shown", [
+    ({"n": 129}, "129"), ({"n": 10 ** 6}, "1000000"), ({"n": 0}, "0"), ({"n": -3}, "-3"), ({"n": 2.0}, "2.0"),
+    ({"n": "4"}, "'4'"), ({"n": True}, "True"), ({"n": None}, "None"), ([{"n": 2}, {"n": 10 ** 6}], "1000000"),
+])
+def test_parallel_samples_above_the_cap_or_not_a_count_are_named(params, shown):
+    from sglang_pd.srt.disaggregation.prompt_guard import check_parallel_samples
+
+    with pytest.raises(ValueError) as info:
+        check_parallel_samples(params, 128)
+    assert str(info.value).startswith(f"sampling_params.n {shown} must be an integer in [1, 128]")
+
+
+def test_sglang_copies_a_request_n_times_which_is_what_the_cap_bounds():
+    """The reason the check runs before SGLang's normalisation: SGLang's own GenerateReqInput expands one
+    prompt into n copies there (so the cost of a request is linear in n before anything else looks)."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    from sglang_pd.srt.disaggregation.prompt_guard import check_parallel_samples
+
+    req = GenerateReqInput(input_ids=[5, 6, 7], sampling_params={"n": 64, "max_new_tokens": 2})
+    check_parallel_samples(req.sampling_params, 128)
+    req.normalize_batch_and_arguments()
+    assert len(req.input_ids) == 64 and len(req.rid) == 64

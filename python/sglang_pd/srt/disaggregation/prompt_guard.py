@@ -8,7 +8,13 @@ can do it with one request. The check runs in the HTTP process where SGLang vali
 length, so the request is answered with HTTP 400 naming the first bad id and the valid range and
 nothing is queued. The same holds for `top_logprobs_num` (logprobs of the k most likely tokens): a k
 above the vocabulary ends the scheduler at `torch.topk` ("selected index k out of range"), so it is
-checked here too. Read-only; no SGLang import.
+checked here too. Two more fields end or stall an upstream server from one request:
+`logprob_start_len` below -1 (its "no prompt logprobs" value) fails an assertion in the scheduler's
+logprob bookkeeping after the prefill forward, which ends it; `n` (parallel samples) is expanded into n
+copies of the request in the HTTP process before any check, so n = 10**6 holds that process for
+minutes (every other client's request and /health wait). `logprob_start_len` is checked beside the
+ids; `n` before SGLang expands it, against an operator cap (SGLANG_PD_MAX_PARALLEL_SAMPLES, default
+128, the ceiling OpenAI's API puts on n). Read-only; no SGLang import.
 """
 
 from __future__ import annotations
@@ -36,3 +42,24 @@ def check_top_logprobs_num(top_logprobs_num, vocab_size: int) -> None:
     if type(top_logprobs_num) is not int or not 0 <= top_logprobs_num <= vocab_size:
         raise ValueError(f"top_logprobs_num {top_logprobs_num!r} must be an integer in [0, {vocab_size}] "
                          "(this model's vocabulary)")
+
+
+def check_logprob_start_len(logprob_start_len) -> None:
+    """Raise ValueError unless `logprob_start_len` is None or an integer >= -1 (-1: no prompt logprobs)."""
+    if logprob_start_len is None:
+        return
+    if type(logprob_start_len) is not int or logprob_start_len < -1:
+        raise ValueError(f"logprob_start_len {logprob_start_len!r} must be an integer >= -1 "
+                         "(-1: no prompt logprobs)")
+
+
+def check_parallel_samples(sampling_params, cap: int) -> None:
+    """Raise ValueError unless every `n` in `sampling_params` (a dict, a list of dicts, or None, as the
+    request carries it before SGLang normalises it) is absent or an integer in [1, cap], naming it."""
+    for params in sampling_params if isinstance(sampling_params, list) else (sampling_params,):
+        if not isinstance(params, dict) or "n" not in params:
+            continue  # SGLang's own parsing answers a malformed sampling_params
+        n = params["n"]
+        if type(n) is not int or not 1 <= n <= cap:
+            raise ValueError(f"sampling_params.n {n!r} must be an integer in [1, {cap}] (parallel samples; "
+                             "SGLANG_PD_MAX_PARALLEL_SAMPLES sets the cap)")

@@ -14,9 +14,9 @@ from typing import Callable
 
 from sglang_pd.srt.hooks import (attention_backend, bootstrap_server, common_conn, common_utils,
                                  decode_prealloc_queue, decode_scheduler, detokenizer_manager, http_server,
-                                 mem_cache_common, mooncake_conn, network, nixl_api, nixl_conn, output_streamer,
-                                 prefill, prefix_cache, requests_sessions, schedule_batch, scheduler,
-                                 tokenizer_manager)
+                                 io_struct, mem_cache_common, mooncake_conn, network, nixl_api, nixl_conn,
+                                 output_streamer, prefill, prefix_cache, requests_sessions, schedule_batch,
+                                 scheduler, tokenizer_manager)
 from sglang_pd.srt.state import ProcessKind
 
 _DISAGG = "sglang.srt.disaggregation"
@@ -53,8 +53,14 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
     HookSpec(
         "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request", "AFTER",
         tokenizer_manager.after_validate_one_request, ProcessKind.HTTP,
-        "refuse a prompt token id outside [0, vocab_size) and, on a PD server, a malformed bootstrap room / host / "
-        "port with HTTP 400 (upstream's scheduler dies on either; prompt_guard.py, pairing_guard.py)"),
+        "refuse a prompt token id outside [0, vocab_size), a top_logprobs_num above it, a logprob_start_len below -1 "
+        "and, on a PD server, a malformed bootstrap room / host / port with HTTP 400 (upstream's scheduler dies on "
+        "each; prompt_guard.py, pairing_guard.py)"),
+    HookSpec(
+        "sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments", "BEFORE",
+        io_struct.before_normalize_generate, ProcessKind.HTTP,
+        "refuse sampling_params.n above SGLANG_PD_MAX_PARALLEL_SAMPLES with HTTP 400 before SGLang copies the "
+        "request n times (upstream: n = 10**6 stalls the HTTP process; prompt_guard.py)"),
     HookSpec(
         "sglang.srt.managers.tokenizer_manager.TokenizerManager.update_request_meta_info", "AFTER",
         tokenizer_manager.after_update_request_meta_info, ProcessKind.HTTP,
