@@ -99,6 +99,10 @@ METRICS: dict[str, tuple[str, str]] = {
     "peer_auth_refused_total": ("counter", "PD handshake messages / bootstrap requests or answers refused for a "
                                            "missing, wrong, stale or replayed auth tag"),
     "handshake_rooms_failed_total": ("counter", "rooms failed because a rejected message named them"),
+    "decode_duplicate_rooms_refused_total": ("counter", "decode requests refused because another request on "
+                                             "this decode already holds their bootstrap room"),
+    "prompt_digest_mismatches_total": ("counter", "prefill requests refused because their room's transfer info "
+                                       "was sent for a different prompt (two requests share one room)"),
     "unclaimed_rooms_expired_total": ("counter", "rooms whose transfer infos were dropped: no request claimed them"),
     "pd_threads_dead": ("gauge", "PD threads (bootstrap, status listener, transfer workers) found dead; /health "
                                  "fails while > 0"),

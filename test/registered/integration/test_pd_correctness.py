@@ -1,7 +1,9 @@
 """PD pair (decode radix cache on) vs a plain server, and the decode_prefix_len and pages that reach
 prefill: one suite (mixin), one class per transfer backend."""
 
+import concurrent.futures as cf
 import random
+import time
 
 import pytest
 import requests
@@ -77,6 +79,60 @@ class CorrectnessSuite:
         if dep.config.transfer_backend == "nixl":
             assert record["num_pages_nixl"] == 0
         assert again["output_ids"] == first["output_ids"] == dep.generate(plain_url, prompt, NEW_TOKENS)["output_ids"]
+        dep.wait_clean()
+
+
+    def test_a_room_shared_by_two_prompts_never_pairs_them(self, dep: PDDeployment, plain_url: str):
+        """Prompt A's prefill half waits in room R; then prompt B's decode half arrives under the same R
+        (what gave decode B exactly A's continuation before, docs/room_pairing/). Prefill now sees that
+        the transfer info was computed for another prompt: it refuses A's half before sending a page,
+        fails the room and tells decode, so B's half ends with an error, never with A's output. A second
+        decode request in a room a first one holds is refused (400); the first pair equals plain; nothing
+        leaks."""
+        from sglang_pd.harness.deployment import new_bootstrap_room
+        from sglang_pd.harness.hostile_peer import handshake_view
+
+        rng = random.Random(501 + dep.config.page_size)
+        a, b = _tokens(rng, 40), _tokens(rng, 40)
+        room = new_bootstrap_room(rng)
+        before = handshake_view(dep, dep.prefill)["gate"]["prompt_digests"]
+        with cf.ThreadPoolExecutor(1) as pool:
+            prefill_a = pool.submit(dep.post_generate, dep.prefill.url, a, NEW_TOKENS, 120, **dep.pairing(room))
+            deadline = time.monotonic() + 30
+            while room not in handshake_view(dep, dep.prefill)["rooms"]["by_status"].get("1", []):  # Bootstrapping
+                assert time.monotonic() < deadline and not prefill_a.done(), "A's prefill half never waited"
+                time.sleep(0.1)
+            decode_b = dep.post_generate(dep.decodes[0].url, b, NEW_TOKENS, 120, **dep.pairing(room))
+            answer_a = prefill_a.result(timeout=120)
+        named = f"room {room}'s transfer info was sent for a different prompt"
+        assert answer_a.status_code >= 400 and named in answer_a.text, (answer_a.status_code, answer_a.text[:300])
+        plain_a = dep.generate(plain_url, a, NEW_TOKENS)["output_ids"]
+        assert decode_b.status_code >= 400, (decode_b.status_code, decode_b.text[:300])
+        assert "output_ids" not in decode_b.text or plain_a != decode_b.json().get("output_ids")
+        # A second decode request in a room another decode request holds is refused at the door (upstream's
+        # decode scheduler dies when such a shared room fails); the first one is then served normally.
+        room2 = new_bootstrap_room(rng)
+        with cf.ThreadPoolExecutor(1) as pool:
+            first = pool.submit(dep.post_generate, dep.decodes[0].url, b, NEW_TOKENS, 120, **dep.pairing(room2))
+            deadline = time.monotonic() + 30
+            def decode_holds_room2() -> bool:
+                by_status = handshake_view(dep, dep.decodes[0])["rooms"]["by_status"]
+                return any(room2 in rooms for rooms in by_status.values())
+
+            while not decode_holds_room2():
+                assert time.monotonic() < deadline and not first.done(), "the first decode half never waited"
+                time.sleep(0.1)
+            second = dep.post_generate(dep.decodes[0].url, a, NEW_TOKENS, 60, **dep.pairing(room2))
+            assert second.status_code == 400 and f"bootstrap_room {room2} is already in use" in second.text, \
+                (second.status_code, second.text[:300])
+            prefill_b = dep.post_generate(dep.prefill.url, b, NEW_TOKENS, 120, **dep.pairing(room2))
+            decoded = first.result(timeout=120)
+        assert prefill_b.ok and decoded.ok, (prefill_b.text[:200], decoded.text[:200])
+        assert decoded.json()["output_ids"] == dep.generate(plain_url, b, NEW_TOKENS)["output_ids"]
+        after = handshake_view(dep, dep.prefill)["gate"]["prompt_digests"]
+        assert after["num_mismatched"] == before["num_mismatched"] + 1
+        assert after["num_matched"] == before["num_matched"] + 1          # the normal pair: digest sent, matched
+        assert after["num_absent"] == before["num_absent"]
         dep.wait_clean()
 
 
@@ -172,8 +228,9 @@ def test_a_malformed_pairing_or_top_logprobs_is_refused_and_both_servers_keep_se
     """Each request below ends upstream's scheduler (decode: a room without a host dies in
     `_bootstrap_addr`; prefill: top_logprobs_num above the vocabulary dies in torch.topk, a
     logprob_start_len below -1 in an assertion after the forward), stalls its HTTP process (n = 10**6
-    copies) or carries a field no peer can use. Each is answered with HTTP 400 naming the field, by the server it was sent to;
-    both stay up, leak nothing, and then serve a normal pair whose outputs equal plain's."""
+    copies) or carries a field no peer can use. Each is answered with HTTP 400 naming the field, by the
+    server it was sent to; both stay up, leak nothing, and then serve a normal pair whose outputs equal
+    plain's."""
     dep, rng = pd_page1, random.Random(405)
     ids = _tokens(rng, 24)
     sampling = {"max_new_tokens": NEW_TOKENS, "temperature": 0.0, "ignore_eos": True}

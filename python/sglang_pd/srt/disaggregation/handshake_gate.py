@@ -10,6 +10,8 @@ Steps, in order:
      decode is waiting on;
   4. a rejected message with a readable room fails that room (prefill: decode told when it names a
      registered peer; a room not created yet is remembered and failed when it appears).
+Prefill: a transfer info's trailing prompt-digest frame (ours, prompt_binding.py) is taken off before
+step 2 and recorded for its room once admitted; SGLang never sees it.
 A rejection is logged once per peer (with its reason) and counted per reason; no thread ends.
 Admitted transfer infos are tracked so rooms nobody claims expire (`room_expiry.UnclaimedRooms`).
 
@@ -28,7 +30,9 @@ from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Protocol
 
 from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits, MessageKind, Side, Verdict, check_message
+from sglang_pd.srt.disaggregation.frame_fields import FrameError
 from sglang_pd.srt.disaggregation.peer_auth import TRAILER_FRAMES, AuthFailure, PeerAuth
+from sglang_pd.srt.disaggregation.prompt_binding import PromptDigests, split_digest
 from sglang_pd.srt.disaggregation.room_expiry import RoomTombstones, UnclaimedRooms
 
 logger = logging.getLogger(__name__)
@@ -74,8 +78,10 @@ class HandshakeGate:
     def __init__(self, limits: FrameLimits, host: GateHost, auth: PeerAuth | None,
                  unclaimed: UnclaimedRooms | None, tombstones: RoomTombstones | None,
                  on_count: Callable[[str, int], None] = lambda name, n: None, max_peers: int = 1024,
-                 clock: Callable[[], float] = time.monotonic, capture: bool = False):
+                 clock: Callable[[], float] = time.monotonic, capture: bool = False,
+                 digests: PromptDigests | None = None):
         self.limits, self.host, self.auth = limits, host, auth
+        self.digests = digests  # prefill: prompt digests of admitted transfer infos (None: frame not expected)
         self.unclaimed, self.tombstones = unclaimed, tombstones
         self._on_count = on_count
         self.max_peers = max_peers
@@ -97,8 +103,19 @@ class HandshakeGate:
         body = self._authenticate(msg, peer)
         if body is None:
             return None
+        digest, digest_problem = None, None
+        if self.digests is not None:
+            try:
+                body, digest = split_digest(body)
+            except FrameError as exc:
+                body, digest_problem = list(body[:-1]), str(exc)
         verdict = check_message(body, self.limits)
-        reason = verdict.reason or self._state_problem(verdict)
+        if digest_problem is None and digest is not None and verdict.kind is not MessageKind.TRANSFER_INFO:
+            digest_problem = f"a prompt digest frame ends a {verdict.kind.value} message"
+        reason = verdict.reason or (digest_problem and f"{verdict.kind.value} for room {verdict.room}: "
+                                    f"{digest_problem}") or self._state_problem(verdict)
+        if reason is None and verdict.kind is MessageKind.TRANSFER_INFO and self.digests is not None:
+            reason = self.digests.record(verdict.room, digest)  # refused when the room serves another prompt
         if reason is not None:
             self._reject(verdict, reason, peer)
             return None
@@ -237,6 +254,8 @@ class HandshakeGate:
             view["unclaimed_rooms"] = self.unclaimed.snapshot()
         if self.tombstones is not None:
             view["num_tombstones"] = len(self.tombstones)
+        if self.digests is not None:
+            view["prompt_digests"] = self.digests.snapshot()
         if self.captured is not None:
             with self._lock:
                 view["captured"] = {k: [base64.b64encode(f).decode() for f in m] for k, m in self.captured.items()}

@@ -15,6 +15,7 @@ from typing import Callable
 
 from sglang_pd.srt.disaggregation.handshake_gate import HandshakeGate
 from sglang_pd.srt.disaggregation.peer_auth import PeerAuth
+from sglang_pd.srt.disaggregation.prompt_binding import OutgoingDigests, PromptDigests
 from sglang_pd.srt.disaggregation.room_expiry import RoomTombstones
 from sglang_pd.srt.disaggregation.thread_watch import ThreadWatch
 
@@ -67,6 +68,8 @@ class PeerGuard:
     gate: HandshakeGate | None = None
     watch: ThreadWatch | None = None
     tombstones: RoomTombstones | None = None
+    digests: PromptDigests | None = None         # prefill: prompt digests of admitted transfer infos
+    outgoing: OutgoingDigests = field(default_factory=OutgoingDigests)  # decode: digest of the info being sent
     endpoint: str | None = None                 # this scheduler's rank socket, tcp://ip:port
     rooms_view: Callable[[], dict] | None = None
     host: object | None = None                  # the gate's view of SGLang's manager (claimed rooms)
@@ -89,6 +92,7 @@ class PeerGuard:
             "threads": self.watch.snapshot() if self.watch else None,
             "http": self.http.snapshot(),
             "num_gate_errors": self.num_gate_errors,
+            "num_prompt_digests_sent": self.outgoing.num_sent,
         }
         if self.rooms_view is not None:
             try:

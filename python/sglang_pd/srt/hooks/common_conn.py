@@ -27,6 +27,7 @@ from sglang_pd.srt.disaggregation.guarded_socket import GuardedSocket, SigningSo
 from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits, Side
 from sglang_pd.srt.disaggregation.handshake_gate import HandshakeGate
 from sglang_pd.srt.disaggregation.manager_host import ManagerHost
+from sglang_pd.srt.disaggregation.prompt_binding import PromptDigests
 from sglang_pd.srt.disaggregation.room_decline import DeclineError, DeclineNotice, decline_frames, parse_decline
 from sglang_pd.srt.disaggregation.room_expiry import RoomTombstones, UnclaimedRooms
 from sglang_pd.srt.disaggregation.thread_watch import ThreadRole, ThreadWatch, Watchdog
@@ -99,8 +100,10 @@ def _install(mgr, limits: FrameLimits, before) -> None:
     state = current()
     guard, ttl = state.peer_guard, state.peer_guard.room_ttl_s
     guard.tombstones = RoomTombstones(ttl) if prefill else None
+    guard.digests = PromptDigests() if prefill else None
     guard.gate = HandshakeGate(limits, host, guard.auth, UnclaimedRooms(ttl) if prefill else None,
-                               guard.tombstones, on_count=state.counters.add, capture=state.settings.fault_injection)
+                               guard.tombstones, on_count=state.counters.add, capture=state.settings.fault_injection,
+                               digests=guard.digests)
     mgr.server_socket = GuardedSocket.around(mgr.server_socket, guard.gate, on_error=_count_gate_error,
                                              before_admit=_injected_reader_exit)
     ip = f"[{mgr.local_ip}]" if ":" in str(mgr.local_ip) else mgr.local_ip
@@ -155,6 +158,15 @@ def before_send_multipart_locked(mgr, endpoint, parts, is_ipv6=False):
     return (mgr, endpoint, parts + auth.sign_frames(parts)), {"is_ipv6": is_ipv6}
 
 
+def after_build_receiver_metadata_message(result, mgr, *, bootstrap_room, required_dst_info_num, kv_indices,
+                                          aux_index, state_indices, decode_prefix_len, is_dummy,
+                                          device_kv_indices=None):
+    """Decode: a transfer info built while its request's send is under way ends with the prompt digest
+    frame (prompt_binding.py); prefill's gate takes it off and checks it against its own request."""
+    frame = current().peer_guard.outgoing.frame_for(int(bootstrap_room))
+    return result if frame is None else [*result, frame]
+
+
 def around_receiver_connect(original, cls, endpoint, is_ipv6=False):
     """Decode's PUSH sockets to prefill ranks sign every message (no-op without a secret). A classmethod
     upstream: SGLang's registry hands the hook the class first."""
@@ -175,6 +187,15 @@ def after_sender_init(result, sender, mgr, bootstrap_addr, bootstrap_room, req_h
 
         mgr.record_failure(int(bootstrap_room), reason)
         mgr.update_status(int(bootstrap_room), KVPoll.Failed)
+    return result
+
+
+def after_sender_clear(result, sender):
+    """Prefill: the request's sender is cleared (upstream's end of a room's life here): its room is no
+    longer bound to its prompt (prompt_binding.py)."""
+    digests = current().peer_guard.digests
+    if digests is not None and sender.bootstrap_room is not None:
+        digests.unbind(int(sender.bootstrap_room), sender)
     return result
 
 

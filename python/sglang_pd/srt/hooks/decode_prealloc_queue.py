@@ -225,7 +225,8 @@ def around_send_kv_metadata(original, queue, decode_req, kv_indices, page_size, 
     except Exception:
         state.hook_failed("send_kv_metadata", "failed to record the transfer hand-off")
     _apply_faults(decode_req, page_size, metadata_kwargs)
-    result = original(queue, decode_req, kv_indices, page_size, state_indices, **metadata_kwargs)
+    with state.peer_guard.outgoing.sending(int(req.bootstrap_room), req.origin_input_ids):
+        result = original(queue, decode_req, kv_indices, page_size, state_indices, **metadata_kwargs)
     if state.faults.take(Fault.TRANSFER_FAIL, int(req.bootstrap_room)):
         _fail_transfer(decode_req)
     return result
@@ -312,11 +313,26 @@ def _cached_prefix_len(tree, req) -> int:
 
 
 def around_add(original, queue, req, is_retracted: bool = False, is_rebootstrap: bool = False):
-    """A new request reaches decode: refuse it now if its predicted TTFT is over target, and tell
-    prefill to answer its half at once (a router waits for both halves)."""
+    """A new request reaches decode: refuse it (HTTP 400) if another request on this decode already holds
+    its bootstrap room; refuse it now if its predicted TTFT is over target, and tell prefill to answer
+    its half at once (a router waits for both halves)."""
+    from sglang.srt.disaggregation.utils import prepare_abort
+
     slo = current().slo
-    if (slo.ttft_target_s is None or is_retracted or is_rebootstrap
-            or request_kind(req) is not RequestKind.NORMAL):
+    new = not (is_retracted or is_rebootstrap) and request_kind(req) is RequestKind.NORMAL
+    room = req.bootstrap_room
+    if new and room is not None and req.finished_reason is None and int(room) in queue.kv_manager.request_status:
+        # Upstream keys a decode's transfer state by room: a second request in the same room shares the
+        # first one's status and pages, and when the room fails the first one's cleanup pops the state
+        # the second one's poll then reads (KeyError: the decode scheduler dies). Refused at the door,
+        # holding nothing; prefill is not told (the room is the other request's).
+        message = (f"sglang_pd: bootstrap_room {int(room)} is already in use by another request on this decode "
+                   "server; every request needs its own room")
+        logger.warning("%s (request %s)", message, req.rid)
+        current().counters.add("decode_duplicate_rooms_refused_total")
+        prepare_abort(req, message, status_code=HTTPStatus.BAD_REQUEST)
+        return original(queue, req, is_retracted=is_retracted, is_rebootstrap=is_rebootstrap)
+    if slo.ttft_target_s is None or not new:
         return original(queue, req, is_retracted=is_retracted, is_rebootstrap=is_rebootstrap)
     sched = queue.scheduler
     num_ahead = len(queue.queue) + len(sched.disagg_decode_transfer_queue.queue) + len(sched.waiting_queue)
@@ -325,8 +341,6 @@ def around_add(original, queue, req, is_retracted: bool = False, is_rebootstrap:
     decision = slo.on_entry(str(req.rid), time.perf_counter(), num_ahead, uncached,
                             refusable=prefill_dp_rank is not None)
     if decision.reject and req.finished_reason is None:
-        from sglang.srt.disaggregation.utils import prepare_abort
-
         # Upstream's door: an aborted request that holds nothing is retired at once (no receiver, no
         # page, no lock) and its 503 streamed. Prefill is declined first: its half answers 200 at once
         # (a router then passes decode's 503 through) instead of waiting for this decode until timeout.

@@ -11,24 +11,32 @@ import logging
 
 from sglang_pd.srt.disaggregation.prefill_guard import validate_decode_prefix_len
 from sglang_pd.srt.hooks.common_conn import fail_declined_room
+from sglang_pd.srt.mem_cache.common import RequestKind, request_kind
 from sglang_pd.srt.state import current
 
 logger = logging.getLogger(__name__)
 
 
 def around_finalize_bootstrap(original, queue, req):
-    """Reject a bad decode_prefix_len through SGLang's failure path; else record it and go on."""
+    """Reject a transfer info sent for another prompt (prompt_binding.py) or a bad decode_prefix_len
+    through SGLang's failure path, before any page is sent; else record the bootstrap and go on."""
     state = current()
     sender = req.disagg_kv_sender
     room = int(req.bootstrap_room)
     page_size = int(queue.scheduler.token_to_kv_pool_allocator.page_size)
     asked = sender.kv_mgr.req_to_decode_prefix_len.get(room, 0)
-    verdict = validate_decode_prefix_len(asked, len(req.origin_input_ids), page_size)
-    if not verdict.ok:
-        logger.error("%s (request %s, room %s)", verdict.reason, req.rid, room)
-        state.prefill_log.record_rejection(room, str(req.rid), verdict.reason)
+    digests = state.peer_guard.digests
+    real = request_kind(req) is RequestKind.NORMAL  # health checks / warmup: fake transfer, no transfer info
+    reason = digests.check(room, req.origin_input_ids, sender) if digests is not None and real else None
+    if reason is not None:
+        state.counters.add("prompt_digest_mismatches_total")
+    else:
+        reason = validate_decode_prefix_len(asked, len(req.origin_input_ids), page_size).reason
+    if reason is not None:
+        logger.error("%s (request %s, room %s)", reason, req.rid, room)
+        state.prefill_log.record_rejection(room, str(req.rid), reason)
         # Reason recorded, room failed, decode told; the next poll aborts this request only.
-        sender.kv_mgr.conclude_failure(bootstrap_room=room, failure_reason=verdict.reason)
+        sender.kv_mgr.conclude_failure(bootstrap_room=room, failure_reason=reason)
         return False
     finished = original(queue, req)
     if finished:

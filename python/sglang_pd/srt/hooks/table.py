@@ -92,7 +92,8 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
     HookSpec(
         f"{_DISAGG}.prefill.PrefillBootstrapQueue.finalize_bootstrap", "AROUND",
         prefill.around_finalize_bootstrap, ProcessKind.SCHEDULER,
-        "reject a bad decode_prefix_len before any KV moves; record the one that reached prefill"),
+        "reject a transfer info sent for another prompt (two requests, one room: prompt_binding.py) or a bad "
+        "decode_prefix_len before any KV moves; record the one that reached prefill"),
     HookSpec(
         f"{_DISAGG}.common.conn.CommonKVSender._prepare_send_indices", "AFTER",
         common_conn.after_prepare_send_indices, ProcessKind.SCHEDULER,
@@ -193,7 +194,8 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         "cap waiting -> running admissions at what keeps the predicted step within SGLANG_PD_ITL_TARGET_MS"),
     HookSpec(
         f"{_DISAGG}.decode.DecodePreallocQueue.add", "AROUND", decode_prealloc_queue.around_add,
-        ProcessKind.SCHEDULER, "refuse (503) a request whose predicted TTFT exceeds SGLANG_PD_TTFT_TARGET_MS, "
+        ProcessKind.SCHEDULER, "refuse (400) a request whose bootstrap room another request here holds (upstream's "
+        "decode dies when that room fails) and (503) one whose predicted TTFT exceeds SGLANG_PD_TTFT_TARGET_MS, "
         "before any page or lock"),
     # ---- decode-local prefill (issue 20; local_prefill.py, room_decline.py) ----
     HookSpec(
@@ -248,9 +250,22 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         f"{_CONN}.CommonKVManager._send_multipart_locked", "BEFORE", common_conn.before_send_multipart_locked,
         ProcessKind.SCHEDULER, "sign what prefill sends decode (status, ABORT_ACK, AUX_DATA) when a secret is set"),
     HookSpec(
+        f"{_DISAGG}.mooncake.conn.MooncakeKVManager.build_receiver_metadata_message", "AFTER",
+        common_conn.after_build_receiver_metadata_message, ProcessKind.SCHEDULER,
+        "decode: a transfer info ends with its request's prompt digest (prefill serves the room only for that "
+        "prompt; prompt_binding.py)"),
+    HookSpec(
+        f"{_DISAGG}.nixl.conn.NixlKVManager.build_receiver_metadata_message", "AFTER",
+        common_conn.after_build_receiver_metadata_message, ProcessKind.SCHEDULER,
+        "decode: a transfer info ends with its request's prompt digest (prefill serves the room only for that "
+        "prompt; prompt_binding.py)"),
+    HookSpec(
         f"{_CONN}.CommonKVReceiver._connect", "AROUND", common_conn.around_receiver_connect, ProcessKind.SCHEDULER,
         "sign what decode sends prefill (registration, transfer info, ABORT, BOOTSTRAP, room decline) when a "
         "secret is set"),
+    HookSpec(
+        f"{_CONN}.CommonKVSender.clear", "AFTER", common_conn.after_sender_clear, ProcessKind.SCHEDULER,
+        "prefill: a cleared request no longer binds its room to its prompt (prompt_binding.py)"),
     HookSpec(
         f"{_CONN}.CommonKVSender.__init__", "AFTER", common_conn.after_sender_init, ProcessKind.SCHEDULER,
         "the room is claimed by a local request; one a rejected message failed before it arrived fails at once"),
