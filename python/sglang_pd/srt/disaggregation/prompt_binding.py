@@ -20,8 +20,8 @@ A transfer info without the frame (a decode without this plugin, or a raw peer) 
 record and is served as upstream would; such bootstraps are counted (`num_absent`). The digest is no
 secret and no MAC: peer authentication (SGLANG_PD_PEER_SECRET_FILE) keeps forged transfer infos out;
 this binds the halves honest peers pair. Pure Python + hashlib/numpy; no SGLang import.
-Thread-safety: `record` runs on prefill's rank-socket reader, `check` on its scheduler thread, decode's
-`sending` and `outgoing` on its scheduler thread; each table has one lock.
+Thread-safety: `record` runs on prefill's rank-socket reader, `check` and `unbind` on its scheduler
+thread, decode's `sending` and `frame_for` on its scheduler thread; each table has one lock.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def digest_frame(digest: bytes) -> bytes:
 def split_digest(frames: list[bytes]) -> tuple[list[bytes], bytes | None]:
     """(frames without a trailing digest frame, its digest or None). Raises FrameError when the last
     frame is ours but not MARKER + 16 bytes."""
-    if not frames or not bytes(frames[-1][:len(MARKER)]) == MARKER:
+    if not frames or bytes(frames[-1][:len(MARKER)]) != MARKER:
         return frames, None
     last = bytes(frames[-1])
     if len(last) != len(MARKER) + DIGEST_BYTES:
