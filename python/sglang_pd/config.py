@@ -186,7 +186,8 @@ SETTINGS: tuple[Setting, ...] = (
             "400 before SGLang copies it n times (upstream has no cap: n = 10**6 stalls the HTTP process)",
             _bounded_count(1, 1_000_000, "parallel samples")),
     Setting(TEST_LOGS, "test_logs", None,
-            "tests only: folder where the integration tier keeps server logs (default /tmp/sglang_pd-test-logs)",
+            "tests only: folder where the integration tier keeps server logs and its test peer secret (default: a new "
+            "folder per test session under /tmp/sglang_pd-test-logs)",
             _folder),
 )
 

@@ -19,8 +19,12 @@ import pytest
 
 from sglang_pd.config import Settings
 from sglang_pd.harness import DeploymentConfig, PDDeployment
+from sglang_pd.harness.test_logs import session_log_root
 
-LOG_ROOT = Settings.from_env().test_logs or Path("/tmp/sglang_pd-test-logs")
+# This session's own folder (server logs, the test peer secret) unless SGLANG_PD_TEST_LOGS names one:
+# two test runs on one box never share it (harness/test_logs.py).
+LOG_ROOT = session_log_root(Settings.from_env().test_logs)
+
 # Tests that measure a README figure also write it as <name>.json into this folder when it is set
 # (README prints the command, e.g. TEST_FIGURES_DIR=docs/figures pytest ... -k ...). Not SGLANG_PD_*:
 # the servers inherit the environment, and the plugin refuses unknown names under its prefix.

@@ -123,3 +123,17 @@ def test_free_port_is_below_the_ephemeral_range():
     low = int(open("/proc/sys/net/ipv4/ip_local_port_range").read().split()[0])
     ports = {free_port() for _ in range(20)}
     assert all(20000 <= p < low for p in ports) and len(ports) > 1, (low, ports)
+
+
+def test_each_test_session_gets_its_own_log_folder(tmp_path):
+    """Two sessions never share a log folder (the authenticated deployments' peer secret lives there);
+    one named by SGLANG_PD_TEST_LOGS is used as given."""
+    from sglang_pd.harness.test_logs import session_log_root
+
+    base = tmp_path / "logs"
+    first, second = session_log_root(None, base), session_log_root(None, base)
+    assert first != second and first.parent == base and second.parent == base
+    assert first.is_dir() and second.is_dir() and (first.stat().st_mode & 0o777) == 0o700
+    assert f"-{os.getpid()}-" in first.name
+    named = tmp_path / "mine"
+    assert session_log_root(named, base) == named and not named.exists()

@@ -1,0 +1,27 @@
+"""Where one test session keeps its server logs and its test peer secret.
+
+Two pytest runs on one box must not share this folder: the authenticated deployments read their peer
+secret from it, so a second run rewriting the file makes every signed message of the first one fail
+(measured: a fresh-clone CI run failed 10 tests while another pytest ran beside it). Each session
+therefore gets a folder of its own unless the operator names one.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from pathlib import Path
+
+DEFAULT_BASE = Path("/tmp/sglang_pd-test-logs")
+
+
+def session_log_root(configured: Path | None, base: Path = DEFAULT_BASE) -> Path:
+    """`configured` (SGLANG_PD_TEST_LOGS) when set, as given; else a NEW folder under `base` named
+    <date>-<time>-<pid>-<random>, mode 0700 (created here; `base` too if missing). Never returns a folder
+    another call of this function returned."""
+    if configured is not None:
+        return Path(configured)
+    base.mkdir(parents=True, exist_ok=True)
+    prefix = time.strftime("%Y%m%d-%H%M%S-") + f"{os.getpid()}-"
+    return Path(tempfile.mkdtemp(prefix=prefix, dir=base))
