@@ -228,7 +228,8 @@ def test_a_malformed_pairing_or_top_logprobs_is_refused_and_both_servers_keep_se
     """Each request below ends upstream's scheduler (decode: a room without a host dies in
     `_bootstrap_addr`; prefill: top_logprobs_num above the vocabulary dies in torch.topk, a
     logprob_start_len below -1 in an assertion after the forward), stalls its HTTP process (n = 10**6
-    copies) or carries a field no peer can use. Each is answered with HTTP 400 naming the field, by the
+    copies), gets a 500 that names nothing (a stop_regex that does not compile, a list rid for one prompt)
+    or carries a field no peer can use. Each is answered with HTTP 400 naming the field, by the
     server it was sent to; both stay up, leak nothing, and then serve a normal pair whose outputs equal
     plain's."""
     dep, rng = pd_page1, random.Random(405)
@@ -245,7 +246,11 @@ def test_a_malformed_pairing_or_top_logprobs_is_refused_and_both_servers_keep_se
                f"top_logprobs_num 1000000 must be an integer in [0, {VOCAB_SIZE}]"),
               ({"return_logprob": True, "logprob_start_len": -7}, "logprob_start_len -7 must be an integer >= -1"),
               ({"sampling_params": {**sampling, "n": 10 ** 6}},
-               "sampling_params.n 1000000 must be an integer in [1, 128]")]
+               "sampling_params.n 1000000 must be an integer in [1, 128]"),
+              # upstream answers these two with HTTP 500 (re.error, TypeError) without naming the field
+              ({"sampling_params": {**sampling, "stop_regex": "(("}},
+               "sampling_params.stop_regex '((' is not a valid regular expression"),
+              ({"rid": ["a", "b"]}, "rid ['a', 'b'] must be a string for a single prompt")]
     servers = (dep.prefill, dep.decodes[0])
     assert all(s.is_running() for s in servers)
     for extra, named in decode_only:

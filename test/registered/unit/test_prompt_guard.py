@@ -85,3 +85,52 @@ def test_sglang_copies_a_request_n_times_which_is_what_the_cap_bounds():
     check_parallel_samples(req.sampling_params, 128)
     req.normalize_batch_and_arguments()
     assert len(req.input_ids) == 64 and len(req.rid) == 64
+
+
+def test_stop_regexes_that_compile_pass_and_the_first_that_does_not_is_named():
+    """SGLang's own normaliser raises re.error on a bad pattern (its HTTP handler turns only ValueError
+    into 400, so upstream answers 500); the check names the pattern first, in every form SGLang accepts."""
+    import re
+
+    from sglang.srt.sampling.sampling_params import SamplingParams
+
+    from sglang_pd.srt.disaggregation.prompt_guard import check_stop_regex
+
+    with pytest.raises(re.error):
+        SamplingParams(stop_regex="((").normalize(None)
+    for params in (None, {}, {"stop_regex": None}, {"stop_regex": r"\d+$"}, {"stop_regex": ["a|b", "(x)"]},
+                   [{"stop_regex": "ok"}, {}], "garbage"):
+        check_stop_regex(params)
+    for params, shown in (({"stop_regex": "(("}, "'(('"), ({"stop_regex": ["ok", "[a-"]}, "'[a-'"),
+                          ([{}, {"stop_regex": "a**"}], "'a**'")):
+        with pytest.raises(ValueError) as info:
+            check_stop_regex(params)
+        assert str(info.value).startswith(f"sampling_params.stop_regex {shown} is not a valid regular expression: ")
+    for bad in (5, [1], ["a", None], {"a": 1}):
+        with pytest.raises(ValueError, match="must be a string or a list of strings"):
+            check_stop_regex({"stop_regex": bad})
+
+
+def test_a_rid_that_is_not_a_string_is_named_after_sglang_normalised_the_request():
+    """SGLang's normaliser keeps a list rid on a single prompt (its request table then raises TypeError:
+    upstream answers 500); a batch takes one string per prompt (n > 1 makes a single prompt a batch)."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    from sglang_pd.srt.disaggregation.prompt_guard import check_request_ids
+
+    def normalised(n=1, **fields):
+        req = GenerateReqInput(sampling_params={"max_new_tokens": 2, "n": n}, **fields)
+        req.normalize_batch_and_arguments()
+        return req
+
+    bad = normalised(input_ids=[5, 6, 7], rid=["a", "b"])
+    assert bad.is_single and bad.rid == ["a", "b"]
+    with pytest.raises(TypeError):
+        hash(bad.rid)  # what SGLang's table does with it next
+    with pytest.raises(ValueError, match=r"rid \['a', 'b'\] must be a string for a single prompt"):
+        check_request_ids(bad.rid, bad.is_single)
+    for good in (normalised(input_ids=[5, 6, 7]), normalised(input_ids=[5, 6], rid="r1"),
+                 normalised(input_ids=[[5, 6], [7]], rid=["r1", "r2"]), normalised(n=2, input_ids=[5])):
+        check_request_ids(good.rid, good.is_single)
+    with pytest.raises(ValueError, match="must be a list of strings, one per prompt, for a batch"):
+        check_request_ids([1, 2], False)

@@ -14,11 +14,15 @@ logprob bookkeeping after the prefill forward, which ends it; `n` (parallel samp
 copies of the request in the HTTP process before any check, so n = 10**6 holds that process for
 minutes (every other client's request and /health wait). `logprob_start_len` is checked beside the
 ids; `n` before SGLang expands it, against an operator cap (SGLANG_PD_MAX_PARALLEL_SAMPLES, default
-128, the ceiling OpenAI's API puts on n). Read-only; no SGLang import.
+128, the ceiling OpenAI's API puts on n). Two bodies that SGLang answers with HTTP 500 (its handler
+only turns ValueError into 400) get a 400 naming the field: a `stop_regex` that is not a valid regular
+expression (SGLang's parser raises re.error) and a `rid` that is not a string for a single prompt (a
+list: SGLang's request table raises TypeError on it). Read-only; no SGLang import.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Sequence
 
 
@@ -63,3 +67,33 @@ def check_parallel_samples(sampling_params, cap: int) -> None:
         if type(n) is not int or not 1 <= n <= cap:
             raise ValueError(f"sampling_params.n {n!r} must be an integer in [1, {cap}] (parallel samples; "
                              "SGLANG_PD_MAX_PARALLEL_SAMPLES sets the cap)")
+
+
+def check_stop_regex(sampling_params) -> None:
+    """Raise ValueError unless every `stop_regex` in `sampling_params` (a dict, a list of dicts, or None,
+    before SGLang normalises it) is absent, None, a string or a list of strings that each compile as a
+    Python regular expression (what SGLang searches the output with), naming the first that does not."""
+    for params in sampling_params if isinstance(sampling_params, list) else (sampling_params,):
+        if not isinstance(params, dict) or params.get("stop_regex") is None:
+            continue
+        value = params["stop_regex"]
+        patterns = [value] if isinstance(value, str) else value
+        if not isinstance(patterns, list) or not all(isinstance(p, str) for p in patterns):
+            raise ValueError(f"sampling_params.stop_regex {value!r:.80} must be a string or a list of strings")
+        for pattern in patterns:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ValueError(f"sampling_params.stop_regex {pattern!r:.80} is not a valid regular expression: "
+                                 f"{exc}") from None
+
+
+def check_request_ids(rid, is_single: bool) -> None:
+    """After SGLang normalised a request: raise ValueError unless `rid` is None, a string for a single
+    prompt, or a list of strings for a batch (SGLang has checked the list's length), naming it."""
+    if rid is None:
+        return
+    if is_single and not isinstance(rid, str):
+        raise ValueError(f"rid {rid!r:.80} must be a string for a single prompt")
+    if not is_single and not (isinstance(rid, list) and all(isinstance(r, str) for r in rid)):
+        raise ValueError(f"rid {rid!r:.80} must be a list of strings, one per prompt, for a batch")

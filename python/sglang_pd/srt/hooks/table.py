@@ -57,10 +57,11 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         "and, on a PD server, a malformed bootstrap room / host / port with HTTP 400 (upstream's scheduler dies on "
         "each; prompt_guard.py, pairing_guard.py)"),
     HookSpec(
-        "sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments", "BEFORE",
-        io_struct.before_normalize_generate, ProcessKind.HTTP,
+        "sglang.srt.managers.io_struct.GenerateReqInput.normalize_batch_and_arguments", "AROUND",
+        io_struct.around_normalize_generate, ProcessKind.HTTP,
         "refuse sampling_params.n above SGLANG_PD_MAX_PARALLEL_SAMPLES with HTTP 400 before SGLang copies the "
-        "request n times (upstream: n = 10**6 stalls the HTTP process; prompt_guard.py)"),
+        "request n times (upstream: n = 10**6 stalls the HTTP process), and with 400 naming the field a stop_regex "
+        "that does not compile and a rid that is not a string (upstream: HTTP 500; prompt_guard.py)"),
     HookSpec(
         "sglang.srt.managers.tokenizer_manager.TokenizerManager.update_request_meta_info", "AFTER",
         tokenizer_manager.after_update_request_meta_info, ProcessKind.HTTP,
