@@ -15,6 +15,14 @@ Preflight (fails with one clear line naming the worker): every worker answers /h
 runs the sglang_pd plugin; --prefill URLs are prefill servers and --decode URLs decode servers; all
 agree on model, page size and transfer backend.
 
+API key (`--api-key-file PATH`): when the servers run with SGLang's own `--api-key KEY` (every endpoint but
+/health*, /ready* and /metrics then answers 401 without `Authorization: Bearer KEY`, the plugin's
+/sglang_pd/* included), give the launcher a file holding that key (one line; the file must not be
+readable by group or others). The preflight and the readiness watcher send it, and the router is started
+with `--api-key KEY`: it then requires the key from its clients too and sends it to the workers.
+sglang-router takes the key only on its command line, so local users who can list processes can read
+it there; the file keeps it out of the launcher's own command line and shell history.
+
 Readiness: the router's /readiness can answer 200 before it has registered every worker (a CI run's
 router log shows 2 of 3), and a conversation pinned in that window stays on the decode server it
 was placed on for good. A watcher (a short-lived child; the router keeps this process's PID) polls the
@@ -27,9 +35,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import stat
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import requests
 
@@ -59,14 +69,39 @@ class Worker:
     transfer_backend: str
 
 
-def probe(url: str, expected_role: str, timeout: float = 10) -> Worker:
-    """Check one worker is up, runs sglang_pd and has `expected_role`."""
+def read_api_key(path: str | os.PathLike) -> str:
+    """The API key in `path` (one non-empty line without spaces). Raises PreflightError naming the path
+    (never the content) when it is missing, unreadable, malformed, or readable by group or others."""
+    p = Path(path)
+    try:
+        mode, text = p.stat().st_mode, p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise PreflightError(f"--api-key-file {p}: cannot be read ({type(exc).__name__})") from None
+    if mode & (stat.S_IRWXG | stat.S_IRWXO):
+        raise PreflightError(f"--api-key-file {p}: readable by group or others (mode {stat.S_IMODE(mode):o}); "
+                             "chmod 600 it")
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if len(lines) != 1 or any(c.isspace() for c in lines[0]):
+        raise PreflightError(f"--api-key-file {p}: must hold exactly one key on one line, without spaces")
+    return lines[0]
+
+
+def auth_headers(api_key: str | None) -> dict[str, str]:
+    """The header SGLang's --api-key (and sglang-router's) check: empty without a key."""
+    return {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+
+def probe(url: str, expected_role: str, timeout: float = 10, api_key: str | None = None) -> Worker:
+    """Check one worker is up, runs sglang_pd and has `expected_role` (sending `api_key` if given)."""
     try:
         if requests.get(url + "/health", timeout=timeout).status_code != 200:
             raise PreflightError(f"{url}: /health did not answer 200")
-        resp = requests.get(url + "/sglang_pd/info", timeout=timeout)
+        resp = requests.get(url + "/sglang_pd/info", headers=auth_headers(api_key), timeout=timeout)
     except requests.RequestException as exc:
         raise PreflightError(f"{url}: not reachable ({type(exc).__name__})") from None
+    if resp.status_code == 401:
+        raise PreflightError(f"{url}: /sglang_pd/info answered 401: the server runs with --api-key; "
+                             + ("this --api-key-file holds another key" if api_key else "pass --api-key-file"))
     if resp.status_code != 200:
         raise PreflightError(f"{url}: no /sglang_pd/info (is the sglang_pd plugin installed there?)")
     info = resp.json()
@@ -75,11 +110,12 @@ def probe(url: str, expected_role: str, timeout: float = 10) -> Worker:
     return Worker(url, info["role"], info["model_path"], int(info["page_size"]), info["transfer_backend"])
 
 
-def preflight(prefills: list[str], decodes: list[str]) -> list[Worker]:
+def preflight(prefills: list[str], decodes: list[str], api_key: str | None = None) -> list[Worker]:
     """Probe every worker and check they agree on model, page size and transfer backend."""
     if not prefills or not decodes:
         raise PreflightError("need at least one --prefill and one --decode")
-    workers = [probe(u, "prefill") for u in prefills] + [probe(u, "decode") for u in decodes]
+    workers = ([probe(u, "prefill", api_key=api_key) for u in prefills]
+               + [probe(u, "decode", api_key=api_key) for u in decodes])
     for field in ("model_path", "page_size", "transfer_backend"):
         values = {getattr(w, field) for w in workers}
         if len(values) > 1:
@@ -88,23 +124,23 @@ def preflight(prefills: list[str], decodes: list[str]) -> list[Worker]:
     return workers
 
 
-def unregistered(router_url: str, expected: list[str], timeout: float = 5) -> list[str]:
+def unregistered(router_url: str, expected: list[str], timeout: float = 5, api_key: str | None = None) -> list[str]:
     """The `expected` worker URLs the router does not list as healthy on GET /workers (empty: all in)."""
-    resp = requests.get(router_url + "/workers", timeout=timeout)
+    resp = requests.get(router_url + "/workers", headers=auth_headers(api_key), timeout=timeout)
     resp.raise_for_status()
     healthy = {w["url"].rstrip("/") for w in resp.json().get("workers", []) if w.get("is_healthy")}
     return [u for u in expected if u.rstrip("/") not in healthy]
 
 
 def wait_registered(router_url: str, expected: list[str], timeout_s: float = 300, poll_s: float = 0.5,
-                    keep_going=lambda: True) -> None:
+                    keep_going=lambda: True, api_key: str | None = None) -> None:
     """Block until the router lists every `expected` worker as healthy; RouterNotReady names the missing
     ones after `timeout_s` (or when `keep_going()` turns false)."""
     deadline = time.monotonic() + timeout_s
     missing: list[str] = list(expected)
     while True:
         try:
-            missing = unregistered(router_url, expected)
+            missing = unregistered(router_url, expected, api_key=api_key)
         except (requests.RequestException, ValueError):
             pass  # router not listening yet (or mid-start): keep polling
         if not missing:
@@ -114,10 +150,12 @@ def wait_registered(router_url: str, expected: list[str], timeout_s: float = 300
         time.sleep(poll_s)
 
 
-def _watch_readiness(router_url: str, expected: list[str], timeout_s: float, router_pid: int) -> None:
+def _watch_readiness(router_url: str, expected: list[str], timeout_s: float, router_pid: int,
+                     api_key: str | None = None) -> None:
     """Child body: report on stdout when the router (our parent, `router_pid`) has every worker."""
     try:
-        wait_registered(router_url, expected, timeout_s, keep_going=lambda: os.getppid() == router_pid)
+        wait_registered(router_url, expected, timeout_s, keep_going=lambda: os.getppid() == router_pid,
+                        api_key=api_key)
         print(f"launch_router: ready: {router_url} routes to all {len(expected)} workers "
               f"(registered and healthy)", flush=True)
     except RouterNotReady as exc:
@@ -133,6 +171,8 @@ def router_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--prefill", url, port or "none"]
     for url in args.decode:
         argv += ["--decode", url]
+    if args.api_key:
+        argv += ["--api-key", args.api_key]
     return argv + POLICIES[args.policy] + list(args.router_arg)
 
 
@@ -151,6 +191,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=30000)
     p.add_argument("--router-arg", action="append", default=[], help="extra sglang-router flag (repeatable)")
     p.add_argument("--check-only", action="store_true", help="run the preflight and exit")
+    p.add_argument("--api-key-file", metavar="PATH",
+                   help="file holding the key the servers run with (SGLang's --api-key): sent by the preflight, "
+                        "given to the router (mode 600)")
     p.add_argument("--ready-timeout", type=float, default=300.0,
                    help="seconds the readiness watcher waits for every worker to be registered (default 300)")
     args = p.parse_args(argv)
@@ -161,13 +204,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     if not args.ready_timeout > 0:
         p.error(f"--ready-timeout must be > 0 seconds, got {args.ready_timeout}")
     args.decode = [u.rstrip("/") for u in args.decode]
+    args.api_key = None  # read in main(), so a bad file is a preflight error naming it
     return args
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
-        workers = preflight([u for u, _ in args.prefill], args.decode)
+        args.api_key = read_api_key(args.api_key_file) if args.api_key_file else None
+        workers = preflight([u for u, _ in args.prefill], args.decode, args.api_key)
     except PreflightError as exc:
         print(f"launch_router: {exc}", file=sys.stderr)
         return 2
@@ -183,7 +228,7 @@ def main(argv=None) -> int:
         code = 0
         try:
             _watch_readiness(f"http://{host}:{args.port}", [w.url for w in workers], args.ready_timeout,
-                             router_pid)
+                             router_pid, args.api_key)
         except BaseException:  # never let the watcher run on into the exec below
             code = 1
         finally:

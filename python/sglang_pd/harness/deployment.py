@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import os
 import random
 import sys
 import tempfile
@@ -15,7 +16,7 @@ import requests
 from sglang_pd.harness.cpu_env import cpu_server_args, server_env
 from sglang_pd.harness import upstream_state
 from sglang_pd.harness.server import ServerProcess, ServerStartError, free_port, wait_healthy_rebinding
-from sglang_pd.launch_router import wait_registered
+from sglang_pd.launch_router import auth_headers, wait_registered
 from sglang_pd.models import DEFAULT_MODEL, ensure_model_dir, is_real_model
 from sglang_pd.config import ENABLE_FAULT_INJECTION
 
@@ -50,12 +51,16 @@ class DeploymentConfig:
     plugin: bool = True            # False: sglang_pd not loaded (NO_PLUGINS_ENV); upstream SGLang alone
     decode_attention_backend: str = "torch_native"   # or sglang_pd_shared_prefix (registered by the plugin)
     prefill_attention_backend: str = "torch_native"  # the plain server always runs torch_native
+    api_key: str | None = None     # SGLang's --api-key on every server and the router; the harness sends it
 
     def __post_init__(self):
         if self.transfer_backend not in TRANSFER_BACKENDS:
             raise ValueError(f"transfer_backend {self.transfer_backend!r} not in {TRANSFER_BACKENDS}")
         if self.page_size < 1 or self.num_decode < 1:
             raise ValueError(f"page_size ({self.page_size}) and num_decode ({self.num_decode}) must be >= 1")
+        if self.api_key is not None and not self.plugin:
+            raise ValueError("api_key: the harness checks a keyed deployment through /sglang_pd/*, so it needs "
+                             "plugin=True")
         if not self.plugin and self.fault_injection:
             raise ValueError("fault_injection is a sglang_pd route: it needs plugin=True")
         for role, backend in (("decode", self.decode_attention_backend), ("prefill", self.prefill_attention_backend)):
@@ -104,6 +109,7 @@ class PDDeployment:
         self.decodes = [self._server(f"decode{i}", self._decode_args()) for i in range(config.num_decode)]
         self.plain = self._server("plain", self._plain_args()) if config.with_plain else None
         self.router: ServerProcess | None = None
+        self.headers = auth_headers(config.api_key)  # on every request the harness sends
         self.port_rebinds: list[tuple[str, int, int]] = []  # (server, taken port, new port)
 
     # ---- argv -------------------------------------------------------------------------------------
@@ -112,6 +118,7 @@ class PDDeployment:
         return ["--model-path", str(self.model_dir), *weights, "--host", "127.0.0.1", "--page-size", str(self.config.page_size),
                 "--max-total-tokens", str(max_total_tokens), "--log-level", "warning",
                 *(["--enable-metrics"] if self.config.enable_metrics else []),
+                *(["--api-key", self.config.api_key] if self.config.api_key else []),
                 *cpu_server_args(attention_backend)]
 
     def _prefill_args(self) -> list[str]:
@@ -169,7 +176,7 @@ class PDDeployment:
         """Raise ServerStartError naming a server whose sglang_pd state is not the configured one
         (GET /sglang_pd/info answers exactly when the plugin is active there)."""
         for server in self.servers:
-            status = requests.get(server.url + "/sglang_pd/info", timeout=30).status_code
+            status = requests.get(server.url + "/sglang_pd/info", headers=self.headers, timeout=30).status_code
             if (status == 200) != self.config.plugin:
                 want = "active" if self.config.plugin else "not loaded"
                 raise ServerStartError(f"{server.name}: sglang_pd should be {want} but GET /sglang_pd/info "
@@ -182,7 +189,7 @@ class PDDeployment:
                 "--prefill", self.prefill.url, str(self.bootstrap_port),
                 *[a for d in self.decodes for a in ("--decode", d.url)],
                 "--log-level", "warn", "--health-check-interval-secs", "2", *router_metrics_args(),
-                *self.config.router_args]
+                *(["--api-key", self.config.api_key] if self.config.api_key else []), *self.config.router_args]
         return self._start_routing(ServerProcess("router", argv, self.env, port, self.log_dir,
                                                  health_path="/readiness"), deadline)
 
@@ -194,9 +201,19 @@ class PDDeployment:
                 *[a for d in self.decodes for a in ("--decode", d.url)],
                 "--router-arg=--log-level", "--router-arg=warn",
                 "--router-arg=--health-check-interval-secs", "--router-arg=2",
-                *[f"--router-arg={a}" for a in router_metrics_args()]]
+                *[f"--router-arg={a}" for a in router_metrics_args()], *self._api_key_file_args()]
         router = ServerProcess(f"launcher-{policy}", argv, self.env, port, self.log_dir, health_path="/readiness")
         return self._start_routing(router, time.monotonic() + timeout_s)
+
+    def _api_key_file_args(self) -> list[str]:
+        """`--api-key-file` for the launcher: the key written to a 0600 file in this deployment's log folder."""
+        if not self.config.api_key:
+            return []
+        path = self.log_dir / "api_key"
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(self.config.api_key + "\n")
+        return ["--api-key-file", str(path)]
 
     def _start_routing(self, router: ServerProcess, deadline: float) -> ServerProcess:
         """Start `router`; return once it routes to every server of this deployment (stopped on failure).
@@ -207,7 +224,7 @@ class PDDeployment:
         try:
             router.wait_healthy(deadline)
             wait_registered(router.url, [self.prefill.url, *[d.url for d in self.decodes]],
-                            max(1.0, deadline - time.monotonic()))
+                            max(1.0, deadline - time.monotonic()), api_key=self.config.api_key)
         except BaseException:
             router.stop()
             raise
@@ -234,18 +251,18 @@ class PDDeployment:
     # ---- requests ---------------------------------------------------------------------------------
     @staticmethod
     def post_generate(url: str, input_ids: list[int], max_new_tokens: int = 8, timeout: float = 300,
-                      **extra) -> requests.Response:
+                      headers: dict | None = None, **extra) -> requests.Response:
         """POST /generate (greedy, ignore_eos) with `input_ids`; the raw response, any status."""
         body = {"input_ids": input_ids, "return_logprob": False,
                 "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0,
                                     "ignore_eos": True}, **extra}
-        return requests.post(url + "/generate", json=body, timeout=timeout)
+        return requests.post(url + "/generate", json=body, headers=headers, timeout=timeout)
 
     @classmethod
     def generate(cls, url: str, input_ids: list[int], max_new_tokens: int = 8, timeout: float = 300,
-                 **extra) -> dict:
+                 headers: dict | None = None, **extra) -> dict:
         """POST /generate (greedy); returns the JSON body, raising on HTTP errors."""
-        resp = cls.post_generate(url, input_ids, max_new_tokens, timeout, **extra)
+        resp = cls.post_generate(url, input_ids, max_new_tokens, timeout, headers, **extra)
         resp.raise_for_status()
         return resp.json()
 
@@ -261,9 +278,9 @@ class PDDeployment:
         pairing = self.pairing(room)
         with cf.ThreadPoolExecutor(2) as pool:
             fp = pool.submit(self.post_generate, self.prefill.url, input_ids, max_new_tokens, timeout,
-                             **pairing, **extra)
+                             self.headers, **pairing, **extra)
             fd = pool.submit(self.post_generate, self.decodes[decode_index].url, input_ids, max_new_tokens,
-                             timeout, **pairing, **extra)
+                             timeout, self.headers, **pairing, **extra)
             return fp.result(), fd.result(), pairing["bootstrap_room"]
 
     def generate_pd(self, input_ids: list[int], max_new_tokens: int = 8, decode_index: int = 0,
@@ -275,21 +292,22 @@ class PDDeployment:
         pairing = self.pairing(room)
         room = pairing["bootstrap_room"]
         with cf.ThreadPoolExecutor(2) as pool:
-            fp = pool.submit(self.generate, self.prefill.url, input_ids, max_new_tokens, timeout, **pairing, **extra)
+            fp = pool.submit(self.generate, self.prefill.url, input_ids, max_new_tokens, timeout, self.headers,
+                             **pairing, **extra)
             fd = pool.submit(self.generate, self.decodes[decode_index].url, input_ids, max_new_tokens,
-                             timeout, **pairing, **extra)
+                             timeout, self.headers, **pairing, **extra)
             return fp.result(), fd.result(), room
 
     @staticmethod
-    def get_json(url: str, path: str, timeout: float = 30) -> dict:
+    def get_json(url: str, path: str, timeout: float = 30, headers: dict | None = None) -> dict:
         """GET `path` on a server and return its JSON body."""
-        resp = requests.get(url + path, timeout=timeout)
+        resp = requests.get(url + path, headers=headers, timeout=timeout)
         resp.raise_for_status()
         return resp.json()
 
     def prefill_rooms(self) -> dict[int, dict]:
         """Prefill's transfer record per bootstrap room (decode_prefix_len that reached it, pages)."""
-        stats = self.get_json(self.prefill.url, "/sglang_pd/stats")
+        stats = self.get_json(self.prefill.url, "/sglang_pd/stats", headers=self.headers)
         rooms: dict[int, dict] = {}
         for sched in stats["schedulers"]:
             rooms.update({int(k): v for k, v in sched["prefill_transfer"]["rooms"].items()})
@@ -297,17 +315,17 @@ class PDDeployment:
 
     def scheduler_state(self, server: ServerProcess) -> dict:
         """sglang_pd state of the server's (first) scheduler, with a fresh integrity report."""
-        return self.get_json(server.url, "/sglang_pd/stats")["schedulers"][0]
+        return self.get_json(server.url, "/sglang_pd/stats", headers=self.headers)["schedulers"][0]
 
     def arm_faults(self, server: ServerProcess, **counts: int) -> None:
         """Arm test faults on a server started with fault_injection=True."""
-        resp = requests.post(server.url + "/sglang_pd/faults", json=counts, timeout=30)
+        resp = requests.post(server.url + "/sglang_pd/faults", json=counts, headers=self.headers, timeout=30)
         resp.raise_for_status()
 
-    @staticmethod
-    def abort(server: ServerProcess, rid: str) -> None:
+    def abort(self, server: ServerProcess, rid: str) -> None:
         """Ask a server to abort request `rid` (SGLang's /abort_request)."""
-        requests.post(server.url + "/abort_request", json={"rid": rid}, timeout=30).raise_for_status()
+        requests.post(server.url + "/abort_request", json={"rid": rid}, headers=self.headers,
+                      timeout=30).raise_for_status()
 
     def wait_clean(self, timeout_s: float = 90.0, servers: list[ServerProcess] | None = None) -> dict[str, dict]:
         """Wait until every PD server (or `servers`) is idle and clean; returns their reports.

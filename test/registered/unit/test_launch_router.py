@@ -14,14 +14,16 @@ pytestmark = pytest.mark.unit
 
 
 class _Worker:
-    def __init__(self, info: dict | None, health: int = 200, listing=None):
+    def __init__(self, info: dict | None, health: int = 200, listing=None, api_key: str | None = None):
         worker = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
                 body, code = b"", 404
-                if self.path == "/health":
+                if self.path == "/health":  # open with or without a key, as SGLang's
                     code = worker.health
+                elif worker.api_key and self.headers.get("Authorization") != f"Bearer {worker.api_key}":
+                    code = 401
                 elif self.path == "/sglang_pd/info" and worker.info is not None:
                     body, code = json.dumps(worker.info).encode(), 200
                 elif self.path == "/workers" and worker.listing is not None:  # a router's worker list
@@ -33,7 +35,7 @@ class _Worker:
             def log_message(self, *args):
                 pass
 
-        self.info, self.health, self.listing = info, health, listing
+        self.info, self.health, self.listing, self.api_key = info, health, listing, api_key
         self.server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -146,3 +148,52 @@ def test_bad_ready_timeout_is_refused(capsys):
     with pytest.raises(SystemExit):
         lr.parse_args(["--prefill", "http://p:1", "--decode", "http://d:2", "--ready-timeout", "0"])
     assert "--ready-timeout must be > 0 seconds, got 0.0" in capsys.readouterr().err
+
+
+def test_servers_behind_an_api_key_need_the_key_file(workers, tmp_path):
+    """Servers started with SGLang's --api-key answer /sglang_pd/info with 401 without the key: the
+    preflight says so, passes with the key, and the router is given it (so it sends it to the workers)."""
+    key = "k-" + "x" * 30
+    p, d = workers(_info("prefill"), api_key=key), workers(_info("decode"), api_key=key)
+    with pytest.raises(lr.PreflightError, match="answered 401: the server runs with --api-key; pass --api-key-file"):
+        lr.preflight([p.url], [d.url])
+    with pytest.raises(lr.PreflightError, match="this --api-key-file holds another key"):
+        lr.preflight([p.url], [d.url], "wrong")
+    assert [w.role for w in lr.preflight([p.url], [d.url], key)] == ["prefill", "decode"]
+    path = tmp_path / "api_key"
+    path.write_text(key + "\n")
+    path.chmod(0o600)
+    assert lr.read_api_key(path) == key
+    args = lr.parse_args(["--prefill", p.url, "--decode", d.url, "--api-key-file", str(path)])
+    args.api_key = lr.read_api_key(args.api_key_file)
+    argv = lr.router_argv(args)
+    assert argv[argv.index("--api-key") + 1] == key
+    assert "--api-key" not in lr.router_argv(lr.parse_args(["--prefill", p.url, "--decode", d.url]))
+    router = workers(None, listing=lambda: [{"url": p.url, "is_healthy": True}], api_key=key)
+    assert lr.unregistered(router.url, [p.url], api_key=key) == []
+
+
+@pytest.mark.parametrize("content, mode, message", [
+    ("k" * 32, 0o644, "readable by group or others (mode 644); chmod 600 it"),
+    ("", 0o600, "must hold exactly one key on one line, without spaces"),
+    ("a b", 0o600, "must hold exactly one key on one line, without spaces"),
+    ("one\ntwo", 0o600, "must hold exactly one key on one line, without spaces"),
+])
+def test_a_bad_api_key_file_is_named_without_its_content(tmp_path, content, mode, message):
+    path = tmp_path / "api_key"
+    path.write_text(content)
+    path.chmod(mode)
+    with pytest.raises(lr.PreflightError) as info:
+        lr.read_api_key(path)
+    assert str(info.value) == f"--api-key-file {path}: {message}"
+    with pytest.raises(lr.PreflightError, match="cannot be read"):
+        lr.read_api_key(tmp_path / "missing")
+
+
+def test_main_refuses_a_bad_api_key_file_before_starting_anything(tmp_path, capsys):
+    path = tmp_path / "api_key"
+    path.write_text("k" * 32)
+    path.chmod(0o640)
+    assert lr.main(["--prefill", "http://127.0.0.1:9", "--decode", "http://127.0.0.1:9",
+                    "--api-key-file", str(path)]) == 2
+    assert "readable by group or others" in capsys.readouterr().err
