@@ -8,13 +8,18 @@ cd "$ROOT"
 D=docs/shared_prefix
 PY=.venv/bin/python
 run() { bash scripts/run_logged.sh "$@"; }  # run LOG CMD...: the command, then its output, into LOG
-run $D/bench_attention.log $PY -m sglang_pd.bench_attention --json $D/bench_attention.json
+run $D/bench_attention.log $PY -m sglang_pd.bench_attention --versus-group-all --json $D/bench_attention.json
 run $D/bench_attention_churn.log $PY -m sglang_pd.bench_attention --batch 32 --group-sizes 1,4,32 --prefix-lens 768 \
     --own-len 130 --repeats 60 --churn 32 --json $D/bench_attention_churn.json
 run $D/bench_attention_scatter.log $PY -m sglang_pd.bench_attention --scatter --group-sizes 1,64 --prefix-lens 128,1024 \
     --json $D/bench_attention_scatter.json
 run $D/bench_attention_smollm2.log $PY -m sglang_pd.bench_attention --geometry smollm2 --batch 16 --group-sizes 1,4,16 \
-    --prefix-lens 128,1024 --page-size 16 --json $D/bench_attention_smollm2.json
+    --prefix-lens 128,1024 --page-size 16 --versus-group-all --json $D/bench_attention_smollm2.json
+# the grouping threshold (min_reads_saved): small groups timed grouped and read in place, side by side
+run $D/min_reads_saved/capacity.log $PY -m sglang_pd.bench_attention --group-sizes 2,4,8,16 --prefix-lens 64,128,256,512 \
+    --versus-group-all --json $D/min_reads_saved/capacity.json
+run $D/min_reads_saved/smollm2.log $PY -m sglang_pd.bench_attention --geometry smollm2 --batch 16 --page-size 16 \
+    --group-sizes 2,4,16 --prefix-lens 128,512,1024 --repeats 4 --versus-group-all --json $D/min_reads_saved/smollm2.json
 run $D/bench_multiturn_capacity.log $PY -m sglang_pd.bench_multiturn --preset capacity \
     --configs off,on,off+shared,on+shared --out-dir $D --no-progress
 for i in 2 3 4 5; do

@@ -3,6 +3,7 @@
     python -m sglang_pd.bench_attention [--geometry capacity|smollm2] [--batch 64] [--group-sizes 1,4,16,64]
                                         [--prefix-lens 128,1024,4096] [--own-len 128] [--page-size 1]
                                         [--repeats 5] [--threads 1] [--scatter] [--churn 0] [--json PATH]
+                                        [--min-reads-saved N] [--versus-group-all]
 
 No server: real SGLang objects only (MHATokenToKVPool with random K/V, ReqToTokenPool, paged allocator,
 RadixCache; RadixAttention layers), the real TorchNativeAttnBackend ("plain") and our
@@ -25,6 +26,11 @@ Medians over the steps after the first; "1st step" is shared's first step (its s
 "ratio" = plain / shared, measured side by side in this run. Outputs are compared with plain on every
 step (max abs diff). KV read per layer: plain reads every request's whole row; shared reads each
 group's prefix once plus the own parts.
+
+Grouping threshold: "shared" groups a shared run only when it saves the backend's `min_reads_saved`
+token reads per layer (its default for the geometry's query heads; --min-reads-saved N sets another).
+--versus-group-all adds a third backend, timed in the same alternation, that groups every shared run
+of >= 16 tokens (min_reads_saved 0, the rule before the threshold): columns "all ms" and "all grp".
 """
 
 from __future__ import annotations
@@ -41,6 +47,9 @@ from pathlib import Path
 import torch
 
 from sglang_pd.bench.attention_world import GEOMETRIES, DecodeWorld, random_tokens
+from sglang_pd.srt.disaggregation.shared_attention_stats import SharedAttentionStats
+from sglang_pd.srt.hooks.attention_backend import min_reads_saved_for
+from sglang_pd.srt.pd_metrics import PDCounters
 
 
 @dataclass(frozen=True)
@@ -58,6 +67,8 @@ class Cell:
     plain_kv_tokens: int
     shared_kv_tokens: int
     max_abs_diff: float
+    group_all_ms: float | None = None   # --versus-group-all: the backend grouping every shared run
+    group_all_groups: int | None = None
 
 
 def _own_len(args, rng: random.Random) -> int:
@@ -99,7 +110,7 @@ def build_world(args, group_size: int, prefix_len: int) -> tuple[DecodeWorld, Ch
             + (args.batch // group_size) * pages(prefix_len) + args.page_size)
     world = DecodeWorld(GEOMETRIES[args.geometry], args.page_size, pool, args.batch,
                         pages(prefix_len) + 2 * args.own_len + steps + 2, seed=args.seed,
-                        shuffle_free_pages=args.scatter)
+                        shuffle_free_pages=args.scatter, min_reads_saved=args.min_reads_saved)
     prefixes = []
     for group in range(args.batch // group_size):
         prefix = random_tokens(pages(prefix_len), rng)
@@ -121,18 +132,26 @@ def measure(args, group_size: int, prefix_len: int) -> Cell:
     plain and shared run on the same q/k/v, in alternating order. Medians after the first step and the
     largest output difference to plain over all steps."""
     world, churn = build_world(args, group_size, prefix_len)
-    times: dict[str, list[float]] = {"plain": [], "shared": []}
+    backends = {"plain": world.plain, "shared": world.shared}
+    if args.versus_group_all:
+        all_stats = SharedAttentionStats(PDCounters())
+        world.min_reads_saved, default = 0, world.min_reads_saved
+        backends["all"] = world.shared_backend(all_stats)
+        world.min_reads_saved = default
+    times: dict[str, list[float]] = {name: [] for name in backends}
     diff = 0.0
     for rep in range(args.repeats + 1):
         batch, inputs = world.decode_batch(), world.step_inputs()
         outs = {}
-        for name in (("plain", "shared") if rep % 2 else ("shared", "plain")):
-            seconds, outs[name] = _timed(world, getattr(world, name), batch, inputs)
+        order = list(backends) if rep % 2 else list(backends)[::-1]
+        for name in order:
+            seconds, outs[name] = _timed(world, backends[name], batch, inputs)
             if rep == 0 and name == "shared":
                 first_ms = seconds * 1000
             elif rep:
                 times[name].append(seconds)
-        diff = max(diff, *(float((a - b).abs().max()) for a, b in zip(outs["plain"], outs["shared"])))
+        diff = max(diff, *(float((a - b).abs().max()) for name in backends if name != "plain"
+                           for a, b in zip(outs["plain"], outs[name])))
         if rep < args.repeats:
             world.advance()
             if churn is not None:
@@ -141,16 +160,20 @@ def measure(args, group_size: int, prefix_len: int) -> Cell:
     ms = {name: statistics.median(t) * 1000 for name, t in times.items()}
     return Cell(group_size, prefix_len, args.batch, round(ms["plain"], 3), round(ms["shared"], 3),
                 round(ms["plain"] / ms["shared"], 2), round(first_ms, 3), step.num_groups, sum(world.seq_lens),
-                step.num_shared_tokens + step.num_own_tokens, diff)
+                step.num_shared_tokens + step.num_own_tokens, diff,
+                *((round(ms["all"], 3), all_stats.last_step.num_groups) if args.versus_group_all else ()))
 
 
 def format_table(cells: list[Cell]) -> str:
     """The side-by-side table printed by main()."""
+    versus = any(c.group_all_ms is not None for c in cells)
     head = (f"{'group':>5} {'prefix':>6} {'plain ms':>9} {'shared ms':>9} {'ratio':>6}"
-            f" {'1st step':>8} {'groups':>6} {'plain KV/layer':>14} {'shared KV/layer':>15} {'max|diff|':>9}")
+            f" {'1st step':>8} {'groups':>6} {'plain KV/layer':>14} {'shared KV/layer':>15} {'max|diff|':>9}"
+            + (f" {'all ms':>8} {'all grp':>7}" if versus else ""))
     rows = [f"{c.group_size:>5} {c.prefix_len:>6} {c.plain_ms:>9.2f} {c.shared_ms:>9.2f}"
             f" {c.ratio:>6.2f} {c.first_step_ms:>8.2f} {c.num_groups:>6} {c.plain_kv_tokens:>14}"
             f" {c.shared_kv_tokens:>15} {c.max_abs_diff:>9.1e}"
+            + (f" {c.group_all_ms:>8.2f} {c.group_all_groups:>7}" if versus else "")
             for c in cells]
     return "\n".join([head, "-" * len(head), *rows])
 
@@ -198,13 +221,18 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--churn", type=int, default=0,
                    help="steps a request runs before a newcomer of its group replaces it (0: nobody leaves)")
     p.add_argument("--json", help="write the cells and settings here (and a PNG of the ratios beside it)")
+    p.add_argument("--min-reads-saved", type=int, default=None,
+                   help="the shared backend's grouping threshold (default: its own for the geometry)")
+    p.add_argument("--versus-group-all", action="store_true",
+                   help="also time a shared backend that groups every shared run (threshold 0), side by side")
     args = p.parse_args(argv)
     args.group_sizes = [int(g) for g in args.group_sizes.split(",")]
     args.prefix_lens = [int(n) for n in args.prefix_lens.split(",")]
     bad = [g for g in args.group_sizes if g < 1 or args.batch % g]
-    if bad or args.repeats < 1 or args.own_len < 1 or args.page_size < 1 or args.churn < 0:
+    if (bad or args.repeats < 1 or args.own_len < 1 or args.page_size < 1 or args.churn < 0
+            or (args.min_reads_saved is not None and args.min_reads_saved < 0)):
         p.error(f"group sizes must divide --batch {args.batch} (bad: {bad}); --repeats, --own-len,"
-                " --page-size must be >= 1, --churn >= 0")
+                " --page-size must be >= 1, --churn and --min-reads-saved >= 0")
     return args
 
 
@@ -217,14 +245,16 @@ def main(argv=None) -> int:
             cells.append(measure(args, group_size, prefix_len))
             print(format_table(cells[-1:]).splitlines()[-1], flush=True)
     geometry = GEOMETRIES[args.geometry]
+    threshold = min_reads_saved_for(geometry.num_q_heads) if args.min_reads_saved is None else args.min_reads_saved
     print(f"\nbench_attention geometry={args.geometry} {asdict(geometry)} page_size={args.page_size} "
+          f"min_reads_saved={threshold} "
           f"batch={args.batch} own_len~{args.own_len} threads={args.threads} repeats={args.repeats} churn={args.churn} "
           f"free pages {'scattered' if args.scatter else 'in pool order'} "
           f"({platform.machine()}, {torch.get_num_threads()} torch thread(s))\n")
     print(format_table(cells))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        settings = {k: v for k, v in vars(args).items() if k != "json"}
+        settings = {**{k: v for k, v in vars(args).items() if k != "json"}, "min_reads_saved": threshold}
         Path(args.json).write_text(json.dumps({"settings": settings, "geometry": asdict(geometry),
                                                "cells": [asdict(c) for c in cells]}, indent=2))
         plot(cells, str(Path(args.json).with_suffix(".png")))

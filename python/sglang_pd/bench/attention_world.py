@@ -41,7 +41,8 @@ class DecodeWorld:
     """Real pools + both backends for one geometry and page size. Single-threaded; mutates its pools."""
 
     def __init__(self, geometry: Geometry, page_size: int, pool_tokens: int, max_requests: int,
-                 max_context: int, seed: int = 0, shuffle_free_pages: bool = False):
+                 max_context: int, seed: int = 0, shuffle_free_pages: bool = False,
+                 min_reads_saved: int | None = None):
         from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
         from sglang.srt.layers.radix_attention import RadixAttention
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -62,6 +63,7 @@ class DecodeWorld:
         self._runner = SimpleNamespace(device="cpu", req_to_token_pool=self.rows, token_to_kv_pool=self.kv)
         self.stats = SharedAttentionStats(PDCounters())
         self.plain = TorchNativeAttnBackend(self._runner)
+        self.min_reads_saved = min_reads_saved  # None: the backend's default for this geometry
         self.shared = self.shared_backend(self.stats)
         self.layers = [RadixAttention(g.num_q_heads, g.head_dim, g.head_dim ** -0.5, g.num_kv_heads, layer_id=i)
                        for i in range(g.num_layers)]
@@ -78,7 +80,8 @@ class DecodeWorld:
 
         from sglang_pd.srt.hooks.attention_backend import SharedPrefixAttnBackend
 
-        return SharedPrefixAttnBackend(TorchNativeAttnBackend(self._runner), stats)
+        return SharedPrefixAttnBackend(TorchNativeAttnBackend(self._runner), stats, self.geometry.num_q_heads,
+                                       min_reads_saved=self.min_reads_saved)
 
     def alloc(self, num_tokens: int) -> torch.Tensor:
         """`num_tokens` fresh slots (whole pages taken) with random K/V in every layer."""

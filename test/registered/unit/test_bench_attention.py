@@ -16,8 +16,11 @@ pytestmark = pytest.mark.unit
 def test_small_grid_measures_both_backends_side_by_side(tmp_path, capsys):
     out = tmp_path / "bench_attention.json"
     assert bench_attention.main(["--batch", "8", "--group-sizes", "1,4,8", "--prefix-lens", "32", "--own-len", "8",
-                                 "--page-size", "16", "--repeats", "1", "--json", str(out)]) == 0
-    cells = json.loads(out.read_text())["cells"]
+                                 "--page-size", "16", "--repeats", "1", "--min-reads-saved", "0",
+                                 "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    cells = report["cells"]
+    assert report["settings"]["min_reads_saved"] == 0
     assert [(c["group_size"], c["num_groups"]) for c in cells] == [(1, 0), (4, 2), (8, 1)]
     for cell in cells:
         assert cell["max_abs_diff"] <= 1e-5
@@ -41,9 +44,28 @@ def test_churn_replaces_finished_requests_with_newcomers_of_their_group(tmp_path
     assert len(set(world.row_ids)) == 8  # finished requests' req_to_token rows were reused, none shared
     out = tmp_path / "churn.json"
     assert bench_attention.main(["--batch", "8", "--group-sizes", "4", "--prefix-lens", "32", "--own-len", "8",
-                                 "--repeats", "6", "--churn", "4", "--json", str(out)]) == 0
+                                 "--repeats", "6", "--churn", "4", "--min-reads-saved", "0", "--json", str(out)]) == 0
     (cell,) = json.loads(out.read_text())["cells"]
     assert cell["num_groups"] == 2 and cell["max_abs_diff"] <= 1e-5
+
+
+def test_the_default_threshold_leaves_small_groups_to_the_own_part_kernel(tmp_path, capsys):
+    """With the backend's own threshold (2,048 saved reads per layer for 4 query heads) a 32-token prefix
+    shared by 4 or 8 (96 / 224 saved reads) is not grouped; the backend that groups everything, timed
+    beside it, forms the groups; both equal torch_native."""
+    from sglang_pd.srt.hooks.attention_backend import min_reads_saved_for
+
+    out = tmp_path / "threshold.json"
+    assert bench_attention.main(["--batch", "8", "--group-sizes", "1,4,8", "--prefix-lens", "32", "--own-len", "8",
+                                 "--page-size", "16", "--repeats", "1", "--versus-group-all", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["settings"]["min_reads_saved"] == min_reads_saved_for(4) == 2048
+    cells = report["cells"]
+    assert [(c["num_groups"], c["group_all_groups"]) for c in cells] == [(0, 0), (0, 2), (0, 1)]
+    for cell in cells:
+        assert cell["max_abs_diff"] <= 1e-5 and cell["group_all_ms"] > 0
+        assert cell["shared_kv_tokens"] == cell["plain_kv_tokens"]  # nothing grouped: every row read in place
+    assert "all grp" in capsys.readouterr().out
 
 
 def test_bad_grid_is_refused():

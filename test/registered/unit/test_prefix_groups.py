@@ -79,6 +79,20 @@ def test_short_runs_stay_in_own_parts_or_fold_into_a_longer_nested_run():
     assert find_prefix_groups(rows, lens, min_shared_len=1).num_groups == 2
 
 
+def test_a_run_is_grouped_only_when_it_saves_enough_reads_and_a_nested_one_can_still_be():
+    """(members - 1) x length against min_reads_saved: the 100-token stem shared by 3 saves 200 reads,
+    the 150 tokens two of them share after it 150, those two's whole 250-token run 250."""
+    stem, deeper = list(range(100, 200)), list(range(300, 450))
+    rows, lens = _rows([stem + [1], stem + deeper + [2], stem + deeper + [3]], width=260)
+    assert _spans(find_prefix_groups(rows, lens, min_reads_saved=150)) == [(0, 100, (0, 1, 2)), (100, 250, (1, 2))]
+    g = find_prefix_groups(rows, lens, min_reads_saved=151)
+    assert _spans(g) == [(0, 100, (0, 1, 2))] and g.own_starts == (100, 100, 100)
+    g = find_prefix_groups(rows, lens, min_reads_saved=201)  # the stem alone does not pay; the longer pair does
+    assert _spans(g) == [(0, 250, (1, 2))] and g.own_starts == (0, 250, 250) and g.coverage_problems() == []
+    g = find_prefix_groups(rows, lens, min_reads_saved=251)
+    assert g.segments == () and g.own_starts == (0, 0, 0)
+
+
 @pytest.mark.parametrize("seed", range(20))
 def test_random_sharing_trees_are_covered_exactly_and_every_segment_is_identical_in_all_members(seed):
     rng = random.Random(seed)
@@ -93,7 +107,7 @@ def test_random_sharing_trees_are_covered_exactly_and_every_segment_is_identical
         row += [next(next_slot) for _ in range(rng.randrange(0, 10))]
         lists.append(row or [next(next_slot)])
     rows, lens = _rows(lists, width=120)
-    g = find_prefix_groups(rows, lens, min_shared_len=rng.choice([1, 4, 16]))
+    g = find_prefix_groups(rows, lens, min_shared_len=rng.choice([1, 4, 16]), min_reads_saved=rng.choice([0, 20, 60]))
     assert g.coverage_problems() == []
     for seg in g.segments:
         assert len(seg.members) >= 2
@@ -106,6 +120,8 @@ def test_bad_inputs_are_refused():
     rows, lens = _rows([[1, 2], [1, 3]], width=2)
     with pytest.raises(ValueError, match="min_shared_len"):
         find_prefix_groups(rows, lens, min_shared_len=0)
+    with pytest.raises(ValueError, match="min_reads_saved"):
+        find_prefix_groups(rows, lens, min_reads_saved=-1)
     with pytest.raises(ValueError, match="do not hold"):
         find_prefix_groups(rows, [2, 3])
     assert find_prefix_groups(rows[:0], []).segments == ()

@@ -77,9 +77,11 @@ def inside_prefix(world, rng) -> int:
 SCENARIOS = {f.__name__: f for f in (no_sharing, one_group, several_groups, mid_page, inside_prefix)}
 
 
-def _world(geometry: str, page_size: int, seed: int = 0) -> DecodeWorld:
+def _world(geometry: str, page_size: int, seed: int = 0, min_reads_saved: int | None = 0) -> DecodeWorld:
+    """Scattered pages (rows are not runs of consecutive slots). min_reads_saved 0 by default: these
+    cases are small, and each is about a grouping the backend would skip as not worth a kernel call."""
     return DecodeWorld(GEOMETRIES[geometry], page_size, pool_tokens=4096, max_requests=8, max_context=512, seed=seed,
-                       shuffle_free_pages=True)  # scattered pages: rows are not runs of consecutive slots
+                       shuffle_free_pages=True, min_reads_saved=min_reads_saved)
 
 
 def _max_diff(world: DecodeWorld, steps: int = 2) -> float:
@@ -107,6 +109,29 @@ def test_shared_prefix_decode_equals_torch_native(scenario, geometry, page_size)
     assert diff <= TOLERANCE
     assert world.stats.counters.values["shared_attn_decode_steps_total"] == 2
     assert world.stats.counters.values["shared_attn_kv_reads_saved_tokens_total"] == 2 * step.num_reads_saved
+
+
+def test_the_default_threshold_groups_what_pays_and_reads_the_rest_in_place():
+    """The backend's own threshold (ceil(8192 / query heads) saved reads per layer: 2048 for MHA 4/4, 911
+    for SmolLM2's 9 query heads): a 300-token prefix shared by 8 (2,100 saved) is grouped, one shared by
+    2 beside it (300 saved) is read by the own-part kernel; outputs equal torch_native either way."""
+    from sglang_pd.srt.hooks.attention_backend import min_reads_saved_for
+
+    assert (min_reads_saved_for(4), min_reads_saved_for(9), min_reads_saved_for(1)) == (2048, 911, 8192)
+    world = DecodeWorld(GEOMETRIES["mha"], 16, pool_tokens=8192, max_requests=12, max_context=512, seed=5,
+                        shuffle_free_pages=True)
+    assert world.shared.min_reads_saved == 2048
+    rng = random.Random(5)
+    for group_size in (8, 2):
+        prefix = random_tokens(304, rng)
+        world.cache_prefix(prefix)
+        slots = world.matched_slots(prefix + random_tokens(4, rng))[:300]
+        for _ in range(group_size):
+            world.add_request(slots, rng.randrange(5, 40))
+    diff = _max_diff(world)
+    step = world.stats.last_step
+    assert (step.num_groups, step.num_grouped_requests, step.num_shared_tokens) == (1, 8, 300), step
+    assert diff <= TOLERANCE
 
 
 def test_mqa_one_kv_head():
@@ -204,11 +229,13 @@ def test_registered_by_name_and_refused_where_it_cannot_serve():
     assert ATTENTION_BACKEND_CHOICES.count(ab.BACKEND_NAME) == 1
     assert ATTENTION_BACKENDS[ab.BACKEND_NAME] is ab.create_backend
     world = _world("mha", 1)
+    heads = SimpleNamespace(num_attention_heads=4, get_total_num_kv_heads=lambda: 4)  # what ModelConfig answers
     runner = SimpleNamespace(device="cpu", use_mla_backend=False, req_to_token_pool=world.rows,
-                             token_to_kv_pool=world.kv)
+                             token_to_kv_pool=world.kv, model_config=heads)
     backend = ATTENTION_BACKENDS[ab.BACKEND_NAME](runner)
-    assert isinstance(backend, ab.SharedPrefixAttnBackend)
-    assert current().shared_attention.snapshot()["backend"] == ab.BACKEND_NAME
+    assert isinstance(backend, ab.SharedPrefixAttnBackend) and backend.min_reads_saved == 2048
+    snapshot = current().shared_attention.snapshot()
+    assert snapshot["backend"] == ab.BACKEND_NAME and snapshot["min_reads_saved"] == 2048
     from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
     fp8_pool = MHATokenToKVPool(size=64, page_size=1, dtype=torch.float8_e4m3fn, head_num=4, head_dim=64,

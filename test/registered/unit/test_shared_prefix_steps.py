@@ -22,8 +22,10 @@ TOLERANCE = 1e-5
 
 
 def _world(geometry: Geometry = Geometry(9, 3, 64, 2), page_size: int = 1) -> DecodeWorld:
+    """min_reads_saved 0: the sequences here are about segments forming, being reused and dissolving on
+    small batches, which the default threshold would leave to the own-part kernel."""
     return DecodeWorld(geometry, page_size, pool_tokens=8192, max_requests=16, max_context=1024, seed=3,
-                       shuffle_free_pages=True)
+                       shuffle_free_pages=True, min_reads_saved=0)
 
 
 def _counter(world: DecodeWorld, name: str) -> int:

@@ -100,17 +100,21 @@ def common_run(rows: torch.Tensor, members: Sequence[int], start: int, limit: in
     return int(differs[0]) if len(differs) else limit - start
 
 
-def find_prefix_groups(rows: torch.Tensor, seq_lens: Sequence[int], min_shared_len: int = 1) -> PrefixGrouping:
+def find_prefix_groups(rows: torch.Tensor, seq_lens: Sequence[int], min_shared_len: int = 1,
+                       min_reads_saved: int = 0) -> PrefixGrouping:
     """Group the batch by the KV slots its rows share, as a tree of segments.
 
     `rows[i, :seq_lens[i]]` are request i's KV slots (e.g. req_to_token[req_pool_indices]); columns
-    past seq_lens[i] are never read. A run shared by >= 2 requests becomes a segment when it is at
-    least `min_shared_len` tokens long; shorter runs stay in the requests' own parts (or in a longer
-    nested segment below them). Raises ValueError on a non-positive `min_shared_len` or a row
+    past seq_lens[i] are never read. A run shared by m >= 2 requests becomes a segment when it is at
+    least `min_shared_len` tokens long and saves at least `min_reads_saved` token reads ((m - 1) x its
+    length: a segment costs a kernel call of its own per layer, which a few saved reads do not pay
+    for); other runs stay in the requests' own parts (or in a longer nested segment below them).
+    Raises ValueError on a non-positive `min_shared_len`, a negative `min_reads_saved` or a row
     shorter than its seq_len.
     """
-    if min_shared_len < 1:
-        raise ValueError(f"min_shared_len must be >= 1, got {min_shared_len}")
+    if min_shared_len < 1 or min_reads_saved < 0:
+        raise ValueError(f"min_shared_len must be >= 1 and min_reads_saved >= 0, got {min_shared_len}, "
+                         f"{min_reads_saved}")
     seq_lens = tuple(int(n) for n in seq_lens)
     if len(seq_lens) != rows.shape[0] or (seq_lens and max(seq_lens) > rows.shape[1]):
         raise ValueError(f"rows {tuple(rows.shape)} do not hold seq_lens {seq_lens}")
@@ -125,7 +129,7 @@ def find_prefix_groups(rows: torch.Tensor, seq_lens: Sequence[int], min_shared_l
             own_starts[members[0]] = pending
             continue
         end = compared + common_run(rows, members, compared, min(seq_lens[m] for m in members))
-        if end - pending >= min_shared_len:
+        if end - pending >= min_shared_len and (len(members) - 1) * (end - pending) >= min_reads_saved:
             segments.append(SharedSegment(pending, end, members, rows[members[0], pending:end].to(torch.int64)))
             pending = end
         stack.extend((bucket, end + 1, pending) for bucket in _split_at(rows, members, seq_lens, end,

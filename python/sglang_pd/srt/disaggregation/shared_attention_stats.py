@@ -68,13 +68,15 @@ class SharedAttentionStats:
         self.counters = counters
         self.backend: str | None = None  # set when this process created the backend
         self.kernel: dict | None = None  # how the own-part kernel was built, when this process has the backend
+        self.min_reads_saved: int | None = None  # the backend's grouping threshold (saved reads per layer)
         self.last_step: StepSummary | None = None
 
-    def on_backend_created(self, name: str, kernel: dict | None = None) -> None:
+    def on_backend_created(self, name: str, kernel: dict | None = None, min_reads_saved: int | None = None) -> None:
         """The attention backend `name` serves this process, its own-part kernel built as `kernel`
-        describes (mutates)."""
+        describes, grouping runs that save at least `min_reads_saved` token reads per layer (mutates)."""
         self.backend = name
         self.kernel = kernel
+        self.min_reads_saved = min_reads_saved
 
     def on_step(self, grouping: PrefixGrouping, plan) -> StepSummary:
         """One decode forward was planned with `grouping` into `plan` (a shared_prefix_attention
@@ -110,5 +112,6 @@ class SharedAttentionStats:
             "last_step": None if self.last_step is None else self.last_step._asdict(),
             "fallback_layer_calls": {r.value: values[fallback_metric(r)] for r in FallbackReason},
             "kernel": self.kernel,
+            "min_reads_saved": self.min_reads_saved,
             **{name: values[name] for name in SHARED_ATTENTION_METRICS if not name.startswith("shared_attn_fallback")},
         }

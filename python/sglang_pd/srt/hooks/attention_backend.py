@@ -41,6 +41,17 @@ BACKEND_NAME = "sglang_pd_shared_prefix"
 # A run shared by >= 2 requests becomes a group only from this many tokens: shorter runs cost more
 # in per-group work than they save in KV reads (bench_attention).
 MIN_SHARED_TOKENS = 16
+# ... and only when the token reads it saves per layer ((members - 1) x length), times the query heads
+# that read each token, reach this. A segment costs a fused-kernel call, a merge and their dispatch per
+# layer (~75-105 us here), while the own-part kernel reads a token for ~56 ns (4 query heads): measured
+# side by side with grouping on and off (bench_attention, docs/shared_prefix/min_reads_saved/), the
+# break-even was ~2,000 saved reads with 4 query heads (capacity) and ~1,000 with 9 (SmolLM2).
+MIN_SAVED_HEAD_READS = 8192
+
+
+def min_reads_saved_for(num_q_heads: int) -> int:
+    """Saved token reads per layer a segment needs before it is worth its own kernel call."""
+    return -(-MIN_SAVED_HEAD_READS // max(1, num_q_heads))
 _KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
@@ -102,8 +113,10 @@ def create_backend(runner):
     if problem is not None:
         raise ValueError(f"--attention-backend {BACKEND_NAME} cannot serve this server: {problem}")
     stats = current().shared_attention
-    backend = SharedPrefixAttnBackend(TorchNativeAttnBackend(runner), stats)
-    stats.on_backend_created(BACKEND_NAME, backend.decoder.kernel.describe())
+    config = runner.model_config  # query heads on this rank: its KV heads x the model's GQA factor
+    num_q_heads = runner.token_to_kv_pool.head_num * config.num_attention_heads // config.get_total_num_kv_heads()
+    backend = SharedPrefixAttnBackend(TorchNativeAttnBackend(runner), stats, num_q_heads)
+    stats.on_backend_created(BACKEND_NAME, backend.decoder.kernel.describe(), backend.min_reads_saved)
     return backend
 
 
@@ -134,12 +147,16 @@ def _extend_fallback(layer, forward_batch) -> bool:
 class SharedPrefixAttnBackend(AttentionBackend):
     """SGLang AttentionBackend: shared-prefix decode, everything else by the wrapped `inner` backend."""
 
-    def __init__(self, inner, stats: SharedAttentionStats, min_shared_tokens: int = MIN_SHARED_TOKENS):
-        """Raises KernelBuildError when the own-part C kernel cannot be built here."""
+    def __init__(self, inner, stats: SharedAttentionStats, num_q_heads: int, min_shared_tokens: int = MIN_SHARED_TOKENS,
+                 min_reads_saved: int | None = None):
+        """`num_q_heads`: query heads per layer on this rank (sets `min_reads_saved` when it is None; 0
+        groups every shared run of `min_shared_tokens`). Raises KernelBuildError when the own-part C kernel
+        cannot be built here."""
         super().__init__()
         self.inner = inner
         self.stats = stats
         self.min_shared_tokens = min_shared_tokens
+        self.min_reads_saved = min_reads_saved_for(num_q_heads) if min_reads_saved is None else min_reads_saved
         pool = inner.token_to_kv_pool
         self.layer_ids = range(pool.start_layer, pool.start_layer + pool.layer_num)
         self.decoder = SharedPrefixDecoder(pool.head_num, pool.head_dim, OwnDecodeKernel())
@@ -178,7 +195,7 @@ class SharedPrefixAttnBackend(AttentionBackend):
         req_to_token = self.inner.req_to_token_pool.req_to_token
         pool_indices = forward_batch.req_pool_indices.to(req_to_token.device)[torch.tensor(positions)]
         rows = req_to_token[pool_indices, :max(seq_lens)]
-        grouping = find_prefix_groups(rows, seq_lens, self.min_shared_tokens)
+        grouping = find_prefix_groups(rows, seq_lens, self.min_shared_tokens, self.min_reads_saved)
         keys = [RequestKey(forward_batch.rids[i], idx) for i, idx in zip(positions, pool_indices.tolist())]
         pool = self.inner.token_to_kv_pool
         plan = self.decoder.plan(grouping, rows, keys, [pool.get_key_buffer(i) for i in self.layer_ids],
