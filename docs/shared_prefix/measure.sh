@@ -31,6 +31,9 @@ for i in 6 7 8; do
   run $D/repeats/run$i/bench_multiturn_capacity.log $PY -m sglang_pd.bench_multiturn --preset capacity \
       --configs off,on+shared --out-dir $D/repeats/run$i --no-progress
 done
+# run 9: after 0c1819d (segments only where they save enough reads: min_reads_saved)
+run $D/repeats/run9/bench_multiturn_capacity.log $PY -m sglang_pd.bench_multiturn --preset capacity \
+    --configs off,on+shared --out-dir $D/repeats/run9 --no-progress
 run $D/smollm2/bench_multiturn_short.log $PY -m sglang_pd.bench_multiturn --model smollm2 --preset short --num-clients 4 \
     --num-rounds 3 --max-new-tokens 16 --transfer-backend nixl --page-size 16 --configs on,on+shared \
     --out-dir $D/smollm2 --no-progress

@@ -17,14 +17,19 @@ def load(name: str) -> dict:
 
 
 def attention_table(name: str) -> str:
-    """bench_attention cells: plain / shared ms per step, ratio, KV read, max diff."""
+    """bench_attention cells: plain / shared ms per step, ratio, KV read, max diff (and, for a run with
+    --versus-group-all, the backend that groups every shared run: its ms per step and groups)."""
+    cells = load(name)["cells"]
+    versus = any(c.get("group_all_ms") is not None for c in cells)
     lines = ["| requests per group | shared prefix | groups | torch_native ms/step | shared ms/step "
-             "| torch_native / shared | KV tokens read per layer (torch_native / shared) | max abs diff |",
-             "|---" * 8 + "|"]
-    for c in load(name)["cells"]:
+             "| torch_native / shared | KV tokens read per layer (torch_native / shared) | max abs diff |"
+             + (" grouping every run: ms/step (groups) |" if versus else ""),
+             "|---" * (9 if versus else 8) + "|"]
+    for c in cells:
         lines.append(f"| {c['group_size']} | {c['prefix_len']} | {c['num_groups']} | {c['plain_ms']:.1f} | "
                      f"{c['shared_ms']:.1f} | {c['ratio']:.2f}x | {c['plain_kv_tokens']} / {c['shared_kv_tokens']} | "
-                     f"{c['max_abs_diff']:.1e} |")
+                     f"{c['max_abs_diff']:.1e} |"
+                     + (f" {c['group_all_ms']:.1f} ({c['group_all_groups']}) |" if versus else ""))
     return "\n".join(lines)
 
 
@@ -151,7 +156,7 @@ def contention_table(name: str) -> str:
 
 if __name__ == "__main__":
     for name in ("bench_attention.json", "bench_attention_churn.json", "bench_attention_scatter.json",
-                 "bench_attention_smollm2.json"):
+                 "bench_attention_smollm2.json", "min_reads_saved/capacity.json", "min_reads_saved/smollm2.json"):
         print(f"\n## {name}\n\n{attention_table(name)}")
     print("\n## own_kernel_ab/run.log\n\n" + kernel_ab("own_kernel_ab/run.log"))
     print("\n## bench_multiturn_capacity.json\n")
@@ -161,7 +166,7 @@ if __name__ == "__main__":
     print("\n## step model\n\n" + step_model("bench_multiturn_capacity.json"))
     print("\n## counters on+shared\n\n" + json.dumps(counters("bench_multiturn_capacity.json", "on+shared")))
     print("\n## repeats\n\n" + repeats_table(["bench_multiturn_capacity.json"] + [
-        f"repeats/run{i}/bench_multiturn_capacity.json" for i in (2, 3, 4, 5, 6, 7, 8)]))
+        f"repeats/run{i}/bench_multiturn_capacity.json" for i in (2, 3, 4, 5, 6, 7, 8, 9)]))
     for name in ("smollm2/bench_multiturn_short.json", "smollm2_16clients/bench_multiturn_short.json"):
         print(f"\n## {name}\n\n" + capacity_table(name, [("on+shared vs on", "on+shared vs on")]))
     print("\n## contention\n\n" + contention_table("contention/contention.json"))

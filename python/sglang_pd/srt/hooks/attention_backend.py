@@ -43,8 +43,8 @@ BACKEND_NAME = "sglang_pd_shared_prefix"
 MIN_SHARED_TOKENS = 16
 # ... and only when the token reads it saves per layer ((members - 1) x length), times the query heads
 # that read each token, reach this. A segment costs a fused-kernel call, a merge and their dispatch per
-# layer (~75-105 us here), while the own-part kernel reads a token for ~56 ns (4 query heads): measured
-# side by side with grouping on and off (bench_attention, docs/shared_prefix/min_reads_saved/), the
+# layer (~70-85 us here), far more than the reads a small group spares: measured side by side with
+# grouping on and off (bench_attention --versus-group-all, docs/shared_prefix/min_reads_saved/), the
 # break-even was ~2,000 saved reads with 4 query heads (capacity) and ~1,000 with 9 (SmolLM2).
 MIN_SAVED_HEAD_READS = 8192
 
