@@ -37,6 +37,9 @@ run $D/repeats/run9/bench_multiturn_capacity.log $PY -m sglang_pd.bench_multitur
 run $D/smollm2/bench_multiturn_short.log $PY -m sglang_pd.bench_multiturn --model smollm2 --preset short --num-clients 4 \
     --num-rounds 3 --max-new-tokens 16 --transfer-backend nixl --page-size 16 --configs on,on+shared \
     --out-dir $D/smollm2 --no-progress
+run $D/smollm2_repeat/bench_multiturn_short.log $PY -m sglang_pd.bench_multiturn --model smollm2 --preset short --num-clients 4 \
+    --num-rounds 3 --max-new-tokens 16 --transfer-backend nixl --page-size 16 --configs on,on+shared \
+    --out-dir $D/smollm2_repeat --no-progress
 run $D/smollm2_16clients/bench_multiturn_short.log $PY -m sglang_pd.bench_multiturn --model smollm2 --preset short \
     --num-clients 16 --num-rounds 3 --max-new-tokens 16 --transfer-backend nixl --page-size 16 --configs on,on+shared \
     --out-dir $D/smollm2_16clients --no-progress
