@@ -135,9 +135,7 @@ def measure(args, group_size: int, prefix_len: int) -> Cell:
     backends = {"plain": world.plain, "shared": world.shared}
     if args.versus_group_all:
         all_stats = SharedAttentionStats(PDCounters())
-        world.min_reads_saved, default = 0, world.min_reads_saved
-        backends["all"] = world.shared_backend(all_stats)
-        world.min_reads_saved = default
+        backends["all"] = world.shared_backend(all_stats, min_reads_saved=0)
     times: dict[str, list[float]] = {name: [] for name in backends}
     diff = 0.0
     for rep in range(args.repeats + 1):

@@ -74,14 +74,16 @@ class DecodeWorld:
         self._free_rows: list[int] = []  # req_to_token rows of retired requests, reused as SGLang reuses them
         self._num_added = 0
 
-    def shared_backend(self, stats: SharedAttentionStats):
-        """Another SharedPrefixAttnBackend over this world's pools."""
+    def shared_backend(self, stats: SharedAttentionStats, min_reads_saved: int | None = None):
+        """Another SharedPrefixAttnBackend over this world's pools, grouping with `min_reads_saved` (None:
+        this world's setting)."""
         from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
         from sglang_pd.srt.hooks.attention_backend import SharedPrefixAttnBackend
 
         return SharedPrefixAttnBackend(TorchNativeAttnBackend(self._runner), stats, self.geometry.num_q_heads,
-                                       min_reads_saved=self.min_reads_saved)
+                                       min_reads_saved=self.min_reads_saved if min_reads_saved is None
+                                       else min_reads_saved)
 
     def alloc(self, num_tokens: int) -> torch.Tensor:
         """`num_tokens` fresh slots (whole pages taken) with random K/V in every layer."""

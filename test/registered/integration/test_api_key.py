@@ -8,6 +8,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 
 import pytest
 import requests
@@ -60,8 +61,13 @@ def test_the_launcher_with_the_key_file_routes_and_the_router_requires_the_key(p
             assert dep.post_generate(router.url, ids, NEW_TOKENS, 60).status_code == 401
             routed = dep.generate(router.url, ids, NEW_TOKENS, headers=dep.headers)["output_ids"]
             assert routed == dep.generate(dep.plain.url, ids, NEW_TOKENS, headers=dep.headers)["output_ids"]
-        # The launcher's readiness watcher read the router's worker list with the key.
-        assert f"launch_router: ready: {router.url} routes to all 2 workers" in router.log_path.read_text()
+        # The launcher's readiness watcher read the router's worker list with the key. It polls on its own
+        # (every 0.5 s, each read up to 5 s), so its line can come after the harness's own check passed.
+        ready = f"launch_router: ready: {router.url} routes to all 2 workers"
+        deadline = time.monotonic() + 30
+        while ready not in router.log_path.read_text() and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert ready in router.log_path.read_text(), router.log_path.read_text()[-2000:]
     finally:
         router.stop()
     dep.wait_clean()
