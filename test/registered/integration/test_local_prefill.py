@@ -128,7 +128,8 @@ def test_a_local_extend_runs_inside_the_decode_step_of_running_requests(pd_local
     remote_prompts = [[2] + _tokens(1100 + i, 40) for i in range(3)]
     before = _local(dep)
     jobs = [in_background(dep.generate_pd, p, 160) for p in remote_prompts]
-    _wait(lambda: any(s[0] >= len(remote_prompts) for s in dep.scheduler_state(dep.decodes[0])["slo"]["recent_steps"]),
+    # decode's running batch now, not its step history (an earlier test's steps ran 6 side by side)
+    _wait(lambda: len(dep.scheduler_state(dep.decodes[0])["queues"]["running"]) >= len(remote_prompts),
           "the remote requests to decode side by side")
     with cf.ThreadPoolExecutor(len(local_prompts)) as pool:
         local_out = list(pool.map(lambda p: dep.generate_pd(p, 24)[1], local_prompts))
