@@ -99,6 +99,9 @@ def test_local_and_remote_requests_in_one_batch_equal_a_plain_server(pd_local: P
         meta = decoded["meta_info"]
         assert meta["decode_local_prefill_tokens"] == len(prompt) - meta["decode_prefix_len"] <= THRESHOLD
         assert meta["decode_kv_pages_transferred"] == 0
+        # SGLang's queue time (wait queue -> first forward) is the local request's wait for its extend,
+        # not a clock reading: its wait-queue entry is stamped when it is queued locally.
+        assert 0 <= meta["queue_time"] < 60, meta["queue_time"]
         # Prefill's half: HTTP 200 (generate_pd raised otherwise), an abort naming the decline, no token.
         assert prefill_half["meta_info"]["finish_reason"]["type"] == "abort"
         assert "decode-local prefill" in prefill_half["meta_info"]["finish_reason"]["message"]

@@ -294,7 +294,13 @@ def _enqueue_local(decode_req, prefix_len: int, decision: LocalDecision) -> None
     decode_req.kv_receiver.clear()  # abort-notified by the decline: clearing sends nothing more
     decode_req.kv_receiver = None
     hold = _FAULT_HOLD_S if state.faults.take(Fault.LOCAL_QUEUE_HOLD, int(req.bootstrap_room)) else 0.0
-    admitted_ms = 1000 * (time.perf_counter() - req.time_stats.scheduler_recv_time)  # same clock as SGLang's
+    now = time.perf_counter()  # SGLang's time_stats clock
+    admitted_ms = 1000 * (now - req.time_stats.scheduler_recv_time)
+    # A local request never passes SGLang's transfer -> waiting queue step, which stamps the wait-queue
+    # entry; without it SGLang's queue time (meta_info, queue_time_seconds, the decode_waiting stage)
+    # would be the clock reading itself at the first forward. Stamped directly: the setter would also
+    # observe a transfer stage this request never had.
+    req.time_stats.wait_queue_entry_time = now
     state.local_prefill.enqueue(req, prefix_len, decision.num_uncached, not_before_s=time.monotonic() + hold,
                                 admitted_ms=round(admitted_ms, 3))
     attach_request_fields(req, prefix_len, 0, 0, path=PATH_DECODE_LOCAL, num_local_tokens=decision.num_uncached)
