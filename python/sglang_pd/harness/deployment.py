@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
-import os
 import random
 import sys
 import tempfile
@@ -15,6 +14,7 @@ import requests
 
 from sglang_pd.harness.cpu_env import cpu_server_args, server_env
 from sglang_pd.harness import upstream_state
+from sglang_pd.harness.test_logs import write_private_file
 from sglang_pd.harness.server import ServerProcess, ServerStartError, free_port, wait_healthy_rebinding
 from sglang_pd.launch_router import auth_headers, wait_registered
 from sglang_pd.models import DEFAULT_MODEL, ensure_model_dir, is_real_model
@@ -209,10 +209,7 @@ class PDDeployment:
         """`--api-key-file` for the launcher: the key written to a 0600 file in this deployment's log folder."""
         if not self.config.api_key:
             return []
-        path = self.log_dir / "api_key"
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(self.config.api_key + "\n")
+        path = write_private_file(self.log_dir / "api_key", self.config.api_key + "\n")
         return ["--api-key-file", str(path)]
 
     def _start_routing(self, router: ServerProcess, deadline: float) -> ServerProcess:

@@ -19,7 +19,7 @@ import pytest
 
 from sglang_pd.config import Settings
 from sglang_pd.harness import DeploymentConfig, PDDeployment
-from sglang_pd.harness.test_logs import session_log_root
+from sglang_pd.harness.test_logs import session_log_root, write_private_file
 
 # This session's own folder (server logs, the test peer secret) unless SGLANG_PD_TEST_LOGS names one:
 # two test runs on one box never share it (harness/test_logs.py).
@@ -77,9 +77,7 @@ def peer_secret_file() -> Path:
     path = LOG_ROOT / "peer_secret"
     if not _secret_written:
         LOG_ROOT.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_hex(32) + "\n")
+        write_private_file(path, secrets.token_hex(32) + "\n")
         _secret_written.append(path)
     return path
 

@@ -137,3 +137,13 @@ def test_each_test_session_gets_its_own_log_folder(tmp_path):
     assert f"-{os.getpid()}-" in first.name
     named = tmp_path / "mine"
     assert session_log_root(named, base) == named and not named.exists()
+
+
+def test_private_files_are_written_mode_600_and_replaced_whole(tmp_path):
+    """The harness's secret files (peer secret, API key): 0600 from creation; a rewrite truncates."""
+    from sglang_pd.harness.test_logs import write_private_file
+
+    path = write_private_file(tmp_path / "api_key", "a-much-longer-first-key\n")
+    assert (path.stat().st_mode & 0o777) == 0o600 and path.read_text() == "a-much-longer-first-key\n"
+    write_private_file(path, "short\n")
+    assert path.read_text() == "short\n" and (path.stat().st_mode & 0o777) == 0o600
