@@ -51,7 +51,7 @@ class _Tables:
     def fail_room(self, room, reason, notify):
         raise AssertionError(f"benchmark message refused: {reason}")
 
-    def drop_unclaimed(self, room):
+    def drop_unclaimed(self, room, reason):
         return False
 
     def prune(self):

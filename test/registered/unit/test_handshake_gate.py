@@ -37,6 +37,7 @@ class Host:
         self.rooms: set[int] = set()
         self.transfer_infos: dict[int, bytes] = {}
         self.failed: list[tuple[int, str, tuple | None]] = []
+        self.drop_reasons: dict[int, str] = {}
 
     def registered_peer(self, name):
         return self.peers.get(name)
@@ -51,7 +52,8 @@ class Host:
         self.failed.append((room, reason, notify))
         return room in self.rooms
 
-    def drop_unclaimed(self, room):
+    def drop_unclaimed(self, room, reason):
+        self.drop_reasons[room] = reason
         return self.transfer_infos.pop(room, None) is not None
 
     def prune(self):
@@ -74,11 +76,12 @@ def test_transfer_info_of_a_registered_peer_is_admitted_and_tracked_until_claime
     host.transfer_infos[5] = b"held"
     clock.now += 11
     assert g.housekeeping() == [5] and 5 not in host.transfer_infos  # nobody claimed room 5
+    assert "no prefill request claimed it within 10 s" in host.drop_reasons[5]  # what decode is told
     g.admit(T.transfer_info(6, [1]), "10.0.0.9")
     host.rooms.add(6)
     host.transfer_infos[6] = b"held"
     clock.now += 11
-    assert g.housekeeping() == [] and 6 in host.transfer_infos       # claimed: kept
+    assert g.housekeeping() == [] and 6 in host.transfer_infos and 6 not in host.drop_reasons  # claimed: kept
     assert g.snapshot()["unclaimed_rooms"]["num_expired"] == 1
 
 
@@ -201,3 +204,25 @@ def test_guarded_socket_returns_only_admitted_frames_and_works_with_pollers():
     for s in (push, raw):
         s.close(0)
     ctx.term()
+
+
+def test_an_unclaimed_room_is_reported_only_to_decodes_that_registered_the_named_endpoint():
+    """Prefill tells decode an unclaimed room was dropped only at the endpoint its peer registered."""
+    import numpy as np
+    from sglang.srt.disaggregation.mooncake.conn import TransferInfo
+
+    from sglang_pd.srt.disaggregation.manager_host import registered_targets
+
+    def info(ip: str, port: int) -> TransferInfo:  # what SGLang's manager keeps per peer in transfer_infos[room]
+        return TransferInfo(room=9, endpoint=ip, dst_port=port, mooncake_session_id="x",
+                            dst_kv_indices=np.array([1], dtype=np.int32), dst_aux_index=0, dst_state_indices=[],
+                            required_dst_info_num=1, is_dummy=False)
+
+    peers = {"a": PeerRecord("10.0.0.1", 5001), "b": PeerRecord("10.0.0.2", 5002)}
+    infos = {"a": info("10.0.0.1", 5001),          # registered there: told
+             "b": info("203.0.113.9", 5002),       # names another host than b registered: not told
+             "c": info("10.0.0.3", 5003)}          # never registered: not told
+    assert registered_targets(infos, peers.get) == [("10.0.0.1", 5001)]
+    assert registered_targets({"a": info("10.0.0.1", 5001), "a2": info("10.0.0.1", 5001)},
+                              {**peers, "a2": peers["a"]}.get) == [("10.0.0.1", 5001)]  # two ranks, one message
+    assert registered_targets({}, peers.get) == []

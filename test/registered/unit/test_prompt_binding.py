@@ -124,7 +124,7 @@ class Host:
         self.failed.append((room, reason, notify))
         return True
 
-    def drop_unclaimed(self, room):
+    def drop_unclaimed(self, room, reason):
         return False
 
     def prune(self):

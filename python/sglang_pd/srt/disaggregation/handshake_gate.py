@@ -55,7 +55,7 @@ class GateHost(Protocol):
     def num_registered(self) -> int: ...
     def room_claimed(self, room: int) -> bool: ...
     def fail_room(self, room: int, reason: str, notify: tuple[str, int] | None) -> bool: ...
-    def drop_unclaimed(self, room: int) -> bool: ...
+    def drop_unclaimed(self, room: int, reason: str) -> bool: ...
     def prune(self) -> None: ...
 
 
@@ -132,7 +132,10 @@ class HandshakeGate:
         dropped = []
         self.host.prune()
         if self.unclaimed is not None:
-            dropped = self.unclaimed.sweep(self.host.room_claimed, self.host.drop_unclaimed)
+            reason = (f"sglang_pd: prefill dropped the room: no prefill request claimed it within "
+                      f"{self.unclaimed.ttl_s:g} s of decode's transfer info (SGLANG_PD_UNCLAIMED_ROOM_TTL_S) or "
+                      f"its unclaimed-room caps were reached")
+            dropped = self.unclaimed.sweep(self.host.room_claimed, lambda room: self.host.drop_unclaimed(room, reason))
             if dropped:
                 self._on_count("unclaimed_rooms_expired_total", len(dropped))
                 logger.warning("sglang_pd: dropped transfer infos of %d room(s) no request claimed within %.0f s "

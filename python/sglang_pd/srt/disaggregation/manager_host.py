@@ -53,14 +53,23 @@ class ManagerHost:
                                             failure_reason=reason)
         return claimed
 
-    def drop_unclaimed(self, room: int) -> bool:
-        """Forget what a foreign room left in SGLang's tables (not if claimed); True if a transfer info was held."""
+    def drop_unclaimed(self, room: int, reason: str) -> bool:
+        """Forget what an unclaimed room left in SGLang's tables (not if claimed) and tell each decode that
+        sent a transfer info for it, if that decode registered with this manager, that the room failed
+        for `reason`: its request stops holding pages and a prefix lock until its own waiting timeout.
+        True if a transfer info was held."""
+        from sglang.srt.disaggregation.base.conn import KVPoll
+
         if self.room_claimed(room):
             return False
         self.mgr.req_to_decode_prefix_len.pop(room, None)
-        held = self.mgr.transfer_infos.pop(room, None) is not None
+        infos = self.mgr.transfer_infos.pop(room, None)
         self.mgr.request_status.pop(room, None)  # created by SGLang for the foreign room; no request uses it
-        return held
+        targets = registered_targets(infos or {}, self.registered_peer)
+        if targets:
+            self.mgr.send_kv_status_message(targets=targets, bootstrap_room=room, status=KVPoll.Failed,
+                                            failure_reason=reason)
+        return infos is not None
 
     def prune(self) -> None:
         """Forget claims of rooms SGLang has cleared (their requests ended)."""
@@ -78,3 +87,15 @@ class ManagerHost:
             view["transfer_info_rooms"] = sorted(int(r) for r in list(self.mgr.transfer_infos))[:64]
             view["registered_peers"] = sorted(list(self.mgr.decode_kv_args_table))[:64]
         return view
+
+
+def registered_targets(infos: dict, registered_peer) -> list[tuple[str, int]]:
+    """The (endpoint, port) of each transfer info in `infos` (peer name -> SGLang TransferInfo) whose peer
+    registered exactly that endpoint: a message cannot make prefill write to an address of its choosing."""
+    targets = []
+    for name, info in infos.items():
+        record = registered_peer(str(name))
+        target = (str(info.endpoint), int(info.dst_port))
+        if record is not None and (record.endpoint, record.port) == target and target not in targets:
+            targets.append(target)
+    return targets

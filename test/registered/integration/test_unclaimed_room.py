@@ -1,0 +1,66 @@
+"""A decode request whose room no prefill request ever claims (its prefill half never sent: a crashed
+router, a buggy client, a stranger) fails when prefill drops the room's transfer info as unclaimed,
+with a reason naming that, instead of holding its lock and pages until decode's waiting timeout
+(SGLang's default 300 s). The lock is held just before and released exactly once after; the pair keeps
+serving. Prefill tells only a decode endpoint that registered with it (never one a message names).
+NIXL's status message carries the reason to the client; mooncake's carries none (SGLang's decode then
+reports its generic prefill failure), so there the test tells the two exits apart by time and text."""
+
+import time
+import uuid
+
+import pytest
+
+from conftest import LOG_ROOT
+from lock_checks import assert_lock_held, assert_released_once, in_background, wait_for_plan
+from sglang_pd.config import UNCLAIMED_ROOM_TTL_S
+from sglang_pd.harness import DeploymentConfig, PDDeployment
+from sglang_pd.models import VOCAB_SIZE
+
+pytestmark = pytest.mark.integration
+
+TTL_S = 3
+WAITING_TIMEOUT_S = 300  # decode's own patience, SGLang's default: far longer than the TTL
+
+
+@pytest.fixture(scope="module", params=["nixl", "mooncake_tcp"])
+def pd_ttl(request):
+    env = ((UNCLAIMED_ROOM_TTL_S, str(TTL_S)), ("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)))
+    config = DeploymentConfig(page_size=16, transfer_backend=request.param, env_overrides=env,
+                              log_dir=LOG_ROOT / f"unclaimed_room_{request.param}")
+    with PDDeployment(config) as dep:
+        dep.wait_clean()
+        yield dep
+
+
+def _prompt(seed: int, n: int) -> list[int]:
+    return [(seed * 7919 + 31 * i) % (VOCAB_SIZE - 3) + 3 for i in range(n)]
+
+
+def test_a_decode_half_without_its_prefill_half_fails_at_the_unclaimed_ttl(pd_ttl: PDDeployment):
+    dep = pd_ttl
+    primed = _prompt(1, 48)
+    dep.generate_pd(primed, 8)  # decode holds this prefix: the orphan below matches and locks it
+    prompt = primed + _prompt(2, 9)
+    rid = f"orphan-{uuid.uuid4().hex[:8]}"
+    expired0 = dep.scheduler_state(dep.prefill)["counters"]["unclaimed_rooms_expired_total"]
+    start = time.monotonic()
+    job = in_background(dep.post_generate, dep.decodes[0].url, prompt, 8, rid=rid, **dep.pairing())
+    plan = wait_for_plan(dep, rid)
+    assert plan["decode_prefix_len"] >= 48
+    assert_lock_held(dep, rid)
+    job["thread"].join(WAITING_TIMEOUT_S / 2)
+    elapsed = time.monotonic() - start
+    assert not job["thread"].is_alive(), "decode still waits: prefill's drop did not reach it"
+    resp = job["resp"]
+    assert resp.status_code >= 400 and "WAITING_TIMEOUT" not in resp.text, resp.text  # not decode's own timeout
+    if dep.config.transfer_backend == "nixl":
+        assert "no prefill request claimed it within 3 s" in resp.text, resp.text
+    else:
+        assert "Failed to get kvcache from prefill" in resp.text, resp.text  # SGLang's text for a prefill failure
+    assert TTL_S * 0.9 <= elapsed < WAITING_TIMEOUT_S / 4, elapsed
+    assert dep.scheduler_state(dep.prefill)["counters"]["unclaimed_rooms_expired_total"] == expired0 + 1
+    assert_released_once(dep.wait_clean(), rid, plan["decode_prefix_len"])
+    # the pair serves on, the same prompt included
+    assert dep.generate_pd(prompt, 8)[1]["meta_info"]["decode_prefix_len"] >= 48
+    dep.wait_clean()
