@@ -32,3 +32,8 @@ for i in 1 2 3; do
         --preset short --configs on,on+local --local-prefill-tokens 64 --out-dir $D/idle_wait/${mode}_$i --no-progress
   done
 done
+# where the time goes: SGLang's per-stage latencies of on's PD requests beside on+local's local path
+for i in 1 2 3 4; do
+  run $D/stages/run$i/bench_multiturn_short.log $PY -m sglang_pd.bench_multiturn --preset short --configs on,on+local \
+      --local-prefill-tokens 64 --out-dir $D/stages/run$i --no-progress
+done

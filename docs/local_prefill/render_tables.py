@@ -78,6 +78,29 @@ def on_vs_local_table(paths: list[Path]) -> str:
     return "\n".join(lines)
 
 
+def pd_hop_table(paths: list[Path]) -> str:
+    """Per run: TTFT p50 on vs on+local, where on's PD requests spent time (SGLang's per-stage histograms,
+    mean ms) and where on+local's local requests did (decode's per-request records, p50 ms)."""
+    lines = ["| run | TTFT p50 on / on+local (ms) | gain | on: decode's handshake / transfer info sent -> KV "
+             "arrived / prebuilt step (mean) | within it, prefill: waits for transfer info / queued / forward / "
+             "KV transfer (mean) | on+local: decided local / queued / extend -> joined / outside (p50) |",
+             "|---|---|---|---|---|---|"]
+    for path in paths:
+        results = json.loads(path.read_text())["results"]
+        on, local = results["on"], results["on+local"]
+        mean = lambda role, stage: on["sglang_stage_latency"][role][stage]["mean_ms"]  # noqa: E731
+        b = local["decode_local_prefill"]
+        lines.append(
+            f"| {path.parent.relative_to(HERE)} | {1000 * on['ttft_p50_s']:.1f} / {1000 * local['ttft_p50_s']:.1f} | "
+            f"{on['ttft_p50_s'] / local['ttft_p50_s']:.2f}x | {mean('decode', 'decode_bootstrap'):.1f} / "
+            f"{mean('decode', 'decode_transferred'):.1f} / {mean('decode', 'fake_output'):.1f} | "
+            f"{mean('prefill', 'prefill_bootstrap'):.1f} / {mean('prefill', 'queue_time'):.1f} / "
+            f"{mean('prefill', 'prefill_forward'):.1f} / {mean('prefill', 'prefill_transfer_kv_cache'):.1f} | "
+            + " / ".join(f"{b[k]['p50']:.1f}" for k in ("admitted_ms", "queued_ms", "extend_to_join_ms",
+                                                         "outside_scheduler_ms")) + " |")
+    return "\n".join(lines)
+
+
 if __name__ == "__main__":
     print("\n## on vs on+local, short preset, every run with the default idle wait\n")
     print(on_vs_local_table([HERE / "bench_multiturn_short.json"] + [
@@ -87,6 +110,10 @@ if __name__ == "__main__":
     print(on_vs_local_table([HERE / "repeats" / f"run{i}" / "bench_multiturn_short.json" for i in range(6, 14)]))
     print("\n## the same, PD schedulers spinning (SGLANG_PD_IDLE_WAIT_US=0), alternating with the wait_* runs\n")
     print(on_vs_local_table([HERE / "idle_wait" / f"spin_{i}" / "bench_multiturn_short.json" for i in (1, 2, 3)]))
+    print("\n## runs 14-17 (stages/, after 9ef0b8d)\n")
+    print(on_vs_local_table(sorted((HERE / "stages").glob("run*/bench_multiturn_short.json"))))
+    print("\n## where the time goes: on's PD hop by SGLang's stages vs on+local's local path (stages/)\n")
+    print(pd_hop_table(sorted((HERE / "stages").glob("run*/bench_multiturn_short.json"))))
     for path in sys.argv[1:] or [HERE / "bench_multiturn_short.json", HERE / "bench_multiturn_capacity.json",
                                  HERE / "sweep" / "bench_multiturn_short.json"]:
         report = json.loads(Path(path).read_text())

@@ -34,6 +34,9 @@ done
 # run 9: after 0c1819d (segments only where they save enough reads: min_reads_saved)
 run $D/repeats/run9/bench_multiturn_capacity.log $PY -m sglang_pd.bench_multiturn --preset capacity \
     --configs off,on+shared --out-dir $D/repeats/run9 --no-progress
+# run 10, with an ITL-target configuration beside it (target chosen below off's usual ITL before the run)
+run $D/itl_target/bench_multiturn_capacity.log $PY -m sglang_pd.bench_multiturn --preset capacity \
+    --configs off,on+shared,on+shared+itl --itl-target-ms 15 --out-dir $D/itl_target --no-progress
 run $D/smollm2/bench_multiturn_short.log $PY -m sglang_pd.bench_multiturn --model smollm2 --preset short --num-clients 4 \
     --num-rounds 3 --max-new-tokens 16 --transfer-backend nixl --page-size 16 --configs on,on+shared \
     --out-dir $D/smollm2 --no-progress

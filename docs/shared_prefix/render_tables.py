@@ -119,6 +119,25 @@ def repeats_table(names: list[str]) -> str:
     return "\n".join(lines)
 
 
+def goals_table(name: str) -> str:
+    """Every configuration of one capacity run against off, on the issue's four goals."""
+    report = load(name)
+    off, ident = report["results"]["off"], report["identical_outputs"]
+    lines = ["| config | ITL p50 (ms) | vs off | TTFT p50 (s) | TTFT gain vs off | req/s | throughput vs off "
+             "| identical to off |", "|---" * 8 + "|"]
+    for config, r in report["results"].items():
+        same = "ref" if config == ident["reference"] else f"{ident['counts'][config]}/{ident['num_outputs']}"
+        if r is off:
+            lines.append(f"| off | {r['itl_p50_ms']:.1f} | ref | {r['ttft_p50_s']:.3f} | ref | "
+                         f"{r['request_throughput']:.2f} | ref | ref |")
+            continue
+        lines.append(f"| {config} | {r['itl_p50_ms']:.1f} | {ratio(off['itl_p50_ms'], r['itl_p50_ms'], 'down')} | "
+                     f"{r['ttft_p50_s']:.3f} | {off['ttft_p50_s'] / r['ttft_p50_s']:.2f}x | "
+                     f"{r['request_throughput']:.2f} | {r['request_throughput'] / off['request_throughput']:.2f}x | "
+                     f"{same} |")
+    return "\n".join(lines)
+
+
 def counters(name: str, config: str) -> dict:
     """The decode server's shared-attention counters of one configuration."""
     return {k: v for k, v in load(name)["results"][config]["decode_shared_attention"].items() if k.endswith("total")}
@@ -166,7 +185,10 @@ if __name__ == "__main__":
     print("\n## step model\n\n" + step_model("bench_multiturn_capacity.json"))
     print("\n## counters on+shared\n\n" + json.dumps(counters("bench_multiturn_capacity.json", "on+shared")))
     print("\n## repeats\n\n" + repeats_table(["bench_multiturn_capacity.json"] + [
-        f"repeats/run{i}/bench_multiturn_capacity.json" for i in (2, 3, 4, 5, 6, 7, 8, 9)]))
+        f"repeats/run{i}/bench_multiturn_capacity.json" for i in (2, 3, 4, 5, 6, 7, 8, 9)] + [
+        "itl_target/bench_multiturn_capacity.json"]))
+    print("\n## itl_target (run 10 with an ITL-target configuration beside it)\n\n"
+          + goals_table("itl_target/bench_multiturn_capacity.json"))
     for name in ("smollm2/bench_multiturn_short.json", "smollm2_16clients/bench_multiturn_short.json"):
         print(f"\n## {name}\n\n" + capacity_table(name, [("on+shared vs on", "on+shared vs on")]))
     print("\n## contention\n\n" + contention_table("contention/contention.json"))

@@ -139,6 +139,37 @@ SLO_ROWS = [
 ]
 
 
+# SGLang's per-stage latencies (bench/server_figures.py), in a PD request's order: (role, stage, what).
+STAGES = [
+    ("decode", "decode_prepare", "decode: receipt -> preallocation queue"),
+    ("decode", "decode_bootstrap", "decode: handshake, match, lock, preallocation"),
+    ("prefill", "prefill_bootstrap", "prefill: waits for decode's transfer info"),
+    ("prefill", "queue_time", "prefill: queued for a forward"),
+    ("prefill", "prefill_forward", "prefill: forward"),
+    ("prefill", "prefill_transfer_kv_cache", "prefill: KV transfer"),
+    ("decode", "decode_transferred", "decode: transfer info sent -> KV arrived"),
+    ("decode", "decode_waiting", "decode: KV arrived -> joins a batch"),
+    ("decode", "fake_output", "decode: prebuilt step (first token out)"),
+]
+
+
+def format_stages(results: dict[str, dict]) -> str:
+    """Markdown table of SGLang's per-stage latencies: mean ms (requests) per configuration; '-' where no
+    request of the run passed the stage. Empty when no run carries them."""
+    names = [n for n, r in results.items() if r.get("sglang_stage_latency")]
+    if not names:
+        return ""
+    lines = ["| stage (SGLang's per-stage histogram), mean ms (requests) | " + " | ".join(names) + " |",
+             "|" + "---|" * (len(names) + 1)]
+    for role, stage, label in STAGES:
+        cells = []
+        for name in names:
+            seen = results[name]["sglang_stage_latency"][role].get(stage)
+            cells.append("-" if seen is None else f"{seen['mean_ms']:.1f} ({seen['count']})")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _ratio(off: float | None, on: float | None, direction: str | None) -> str:
     if direction is None or not off or not on:
         return ""

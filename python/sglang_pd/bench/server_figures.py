@@ -2,7 +2,8 @@
 
 Two sources, kept apart so a figure is never filled from the other one:
 - SGLang's own Prometheus metrics (`sglang:*` on /metrics): there with or without sglang_pd, so these
-  compare a plugin-less deployment (`on-upstream`) with ours.
+  compare a plugin-less deployment (`on-upstream`) with ours. Among them SGLang's per-stage request
+  latencies: where a request's time went on each server, by SGLang's own timestamps.
 - sglang_pd's counters (`/sglang_pd/stats`): only where the plugin is active; None elsewhere.
 """
 
@@ -11,7 +12,7 @@ from __future__ import annotations
 import requests
 
 from sglang_pd.harness import PDDeployment
-from sglang_pd.harness.upstream_state import metric_totals
+from sglang_pd.harness.upstream_state import LatencyTotal, metric_totals, stage_latencies
 
 # summary key -> (server role, SGLang metric)
 UPSTREAM = {
@@ -26,6 +27,20 @@ UPSTREAM = {
 PLUGIN_DECODE = ("decode_retractions_total", "resume_requests_total", "resume_backup_tokens_total",
                  "resume_restored_tokens_total", "admission_rounds_total", "admission_round_evictions_total",
                  "evicted_tokens_total")
+
+
+def stage_deltas(before: dict[str, LatencyTotal], after: dict[str, LatencyTotal]) -> dict[str, dict]:
+    """Per stage observed between two `stage_latencies` snapshots: how many requests passed it and their
+    mean time in it (ms). Pure; a stage no request passed in between is left out."""
+    out = {}
+    for stage, total in after.items():
+        prior = before.get(stage, LatencyTotal(0.0, 0.0))
+        count = total.count - prior.count
+        if count < 0:
+            raise ValueError(f"stage {stage}: count went down ({prior.count} -> {total.count}): not one server")
+        if count:
+            out[stage] = {"count": int(count), "mean_ms": round(1000 * (total.sum_s - prior.sum_s) / count, 3)}
+    return out
 
 
 def plugin_active(url: str) -> bool:
@@ -48,7 +63,8 @@ class ServerFigures:
         """Current values: SGLang's metrics, and sglang_pd's counters when the plugin is active."""
         by_role = {role: metric_totals(url, tuple(m for r, m in UPSTREAM.values() if r == role))
                    for role, url in self.urls.items()}
-        snap = {"upstream": {key: by_role[role][metric] for key, (role, metric) in UPSTREAM.items()}}
+        snap = {"upstream": {key: by_role[role][metric] for key, (role, metric) in UPSTREAM.items()},
+                "stages": {role: stage_latencies(url) for role, url in self.urls.items()}}
         if self.plugin:
             prefill, decode = _counters(self.urls["prefill"]), _counters(self.urls["decode"])
             snap["transfer"] = {"pages": prefill["kv_pages_transferred_total"],
@@ -62,6 +78,8 @@ class ServerFigures:
     def delta(self, before: dict, after: dict) -> dict:
         """Summary fields for the run between two snapshots (sglang_pd's are None without the plugin)."""
         fields = {key: after["upstream"][key] - before["upstream"][key] for key in UPSTREAM}
+        fields["sglang_stage_latency"] = {role: stage_deltas(before["stages"][role], after["stages"][role])
+                                          for role in self.urls}
         fields["sglang_pd_counters"] = ({k: after["plugin"][k] - before["plugin"][k] for k in PLUGIN_DECODE}
                                         if self.plugin else None)
         return fields

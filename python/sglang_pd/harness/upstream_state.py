@@ -4,11 +4,15 @@
 - `idle_report()`: idleness from SGLang's GET /v1/loads (no request in any queue, no KV token held
   outside the tree's evictable part) plus the warnings of SGLang's own idle pool check in the log.
 - `metric_totals()`: SGLang's Prometheus samples on /metrics, summed over their labels.
+- `stage_latencies()`: SGLang's per-stage request latency totals on /metrics (where a PD request's time
+  goes, by SGLang's own timestamps).
 """
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
+from typing import NamedTuple
 
 import requests
 
@@ -71,3 +75,46 @@ def metric_totals(url: str, names: tuple[str, ...], timeout: float = 30) -> dict
         if name in totals:
             totals[name] += float(line.rpartition(" ")[2])
     return totals
+
+
+# SGLang's per-stage request latency histogram (observability/req_time_stats.py `RequestStage`), one label
+# set per stage; and its queue-time histogram, the one place a prefill request's wait for a forward shows.
+STAGE_METRIC = "sglang:per_stage_req_latency_seconds"
+QUEUE_METRIC = "sglang:queue_time_seconds"
+QUEUE_STAGE = "queue_time"  # the name `stage_latencies` files QUEUE_METRIC under
+_STAGE_LABEL = re.compile(r'(?:^|[{,])stage="([^"]*)"')
+
+
+class LatencyTotal(NamedTuple):
+    """A histogram's running totals: seconds observed and number of observations."""
+
+    sum_s: float
+    count: float
+
+
+def parse_stage_latencies(metrics_text: str) -> dict[str, LatencyTotal]:
+    """Per stage, the totals of SGLang's per-stage histogram in a /metrics text, summed over the other
+    labels (ranks); the queue-time histogram under QUEUE_STAGE. Pure; a stage never observed is absent."""
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for line in metrics_text.splitlines():
+        name, _, rest = line.partition("{")
+        for suffix, into in (("_sum", sums), ("_count", counts)):
+            if name == STAGE_METRIC + suffix:
+                match = _STAGE_LABEL.search(rest)
+                if match is None:
+                    raise ValueError(f"{name} sample without a stage label: {line!r}")
+                stage = match.group(1)
+            elif name == QUEUE_METRIC + suffix:
+                stage = QUEUE_STAGE
+            else:
+                continue
+            into[stage] = into.get(stage, 0.0) + float(line.rpartition(" ")[2])
+    return {stage: LatencyTotal(sums.get(stage, 0.0), counts[stage]) for stage in counts}
+
+
+def stage_latencies(url: str, timeout: float = 30) -> dict[str, LatencyTotal]:
+    """`parse_stage_latencies` of the server's /metrics now (SGLang's --enable-metrics)."""
+    resp = requests.get(url + "/metrics", timeout=timeout)
+    resp.raise_for_status()
+    return parse_stage_latencies(resp.text)

@@ -93,3 +93,49 @@ def test_local_prefill_configs_rows_gains_and_sweep_table():
     assert "| prefill tokens computed (prefill's counter) | 20 | 0 |  |" in table
     sweep = format_sweep({0: on, 64: local})
     assert "| 64 | 0.030 | " in sweep and "| 2/2 | 0 | 0 |" in sweep
+
+
+def _metrics_text(observations: dict[tuple[str, str], list[float]], queue: list[float]) -> str:
+    """A /metrics text as prometheus_client writes it, with SGLang's histogram names and labels."""
+    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+
+    registry = CollectorRegistry()
+    stages = Histogram("sglang:per_stage_req_latency_seconds", "per stage", ["engine_type", "stage", "tp_rank"],
+                       registry=registry)
+    queue_time = Histogram("sglang:queue_time_seconds", "queue", ["tp_rank"], registry=registry)
+    for (stage, rank), values in observations.items():
+        for value in values:
+            stages.labels(engine_type="prefill", stage=stage, tp_rank=rank).observe(value)
+    for value in queue:
+        queue_time.labels(tp_rank="0").observe(value)
+    return generate_latest(registry).decode()
+
+
+def test_stage_latencies_parse_sglang_histograms_and_give_per_run_means():
+    from sglang_pd.bench.report import format_stages
+    from sglang_pd.bench.server_figures import stage_deltas
+    from sglang_pd.harness.upstream_state import QUEUE_STAGE, LatencyTotal, parse_stage_latencies
+
+    before = parse_stage_latencies(_metrics_text({("prefill_forward", "0"): [0.010]}, [0.5]))
+    assert before == {"prefill_forward": LatencyTotal(0.010, 1.0), QUEUE_STAGE: LatencyTotal(0.5, 1.0)}
+    # two ranks of one stage are summed; the earlier observations are still in the running totals
+    after = parse_stage_latencies(_metrics_text({("prefill_forward", "0"): [0.010, 0.030],
+                                                 ("prefill_forward", "1"): [0.050],
+                                                 ("prefill_bootstrap", "0"): [0.004, 0.006]}, [0.5]))
+    assert after["prefill_forward"].count == 3.0 and abs(after["prefill_forward"].sum_s - 0.090) < 1e-12
+    deltas = stage_deltas(before, after)
+    assert deltas == {"prefill_forward": {"count": 2, "mean_ms": 40.0},
+                      "prefill_bootstrap": {"count": 2, "mean_ms": 5.0}}  # queue time: nothing new, left out
+    with pytest.raises(ValueError, match="prefill_forward: count went down"):
+        stage_deltas(after, before)
+    table = format_stages({"on": {"sglang_stage_latency": {"prefill": deltas, "decode": {}}}, "off": {}})
+    assert "| prefill: forward | 40.0 (2) |" in table and "| prefill: queued for a forward | - |" in table
+    assert "off" not in table.splitlines()[0]  # a run without the figures gets no column
+    assert format_stages({"off": {}}) == ""
+
+
+def test_stage_latencies_refuse_a_stage_sample_without_its_label():
+    from sglang_pd.harness.upstream_state import parse_stage_latencies
+
+    with pytest.raises(ValueError, match="without a stage label"):
+        parse_stage_latencies('sglang:per_stage_req_latency_seconds_count{tp_rank="0"} 3.0')
