@@ -37,3 +37,11 @@ for i in 1 2 3 4; do
   run $D/stages/run$i/bench_multiturn_short.log $PY -m sglang_pd.bench_multiturn --preset short --configs on,on+local \
       --local-prefill-tokens 64 --out-dir $D/stages/run$i --no-progress
 done
+# prefill's mooncake transfer workers at upstream's priority (nice 0) vs the default nice 19, alternating
+for i in 1 2 3; do
+  for nice in 0 19; do
+    run $D/transfer_nice/nice${nice}_$i/bench_multiturn_short.log env SGLANG_PD_TRANSFER_WORKER_NICE=$nice \
+        $PY -m sglang_pd.bench_multiturn --preset short --configs on,on+local --local-prefill-tokens 64 \
+        --out-dir $D/transfer_nice/nice${nice}_$i --no-progress
+  done
+done

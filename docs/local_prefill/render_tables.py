@@ -112,6 +112,9 @@ if __name__ == "__main__":
     print(on_vs_local_table([HERE / "idle_wait" / f"spin_{i}" / "bench_multiturn_short.json" for i in (1, 2, 3)]))
     print("\n## runs 14-17 (stages/, after 9ef0b8d)\n")
     print(on_vs_local_table(sorted((HERE / "stages").glob("run*/bench_multiturn_short.json"))))
+    nice_runs = [HERE / "transfer_nice" / f"nice{n}_{i}" / "bench_multiturn_short.json" for i in (1, 2, 3) for n in (0, 19)]
+    print("\n## prefill's transfer workers at nice 0 vs 19, alternating (transfer_nice/)\n")
+    print(on_vs_local_table(nice_runs) + "\n\n" + pd_hop_table(nice_runs))
     print("\n## where the time goes: on's PD hop by SGLang's stages vs on+local's local path (stages/)\n")
     print(pd_hop_table(sorted((HERE / "stages").glob("run*/bench_multiturn_short.json"))))
     for path in sys.argv[1:] or [HERE / "bench_multiturn_short.json", HERE / "bench_multiturn_capacity.json",

@@ -2,7 +2,8 @@
 router, a buggy client, a stranger) fails when prefill drops the room's transfer info as unclaimed,
 with a reason naming that, instead of holding its lock and pages until decode's waiting timeout
 (SGLang's default 300 s). The lock is held just before and released exactly once after; the pair keeps
-serving. Prefill tells only a decode endpoint that registered with it (never one a message names).
+serving; a prefill half that arrives after all fails at once. Prefill tells only a decode endpoint that
+registered with it (never one a message names).
 NIXL's status message carries the reason to the client; mooncake's carries none (SGLang's decode then
 reports its generic prefill failure), so there the test tells the two exits apart by time and text."""
 
@@ -45,7 +46,8 @@ def test_a_decode_half_without_its_prefill_half_fails_at_the_unclaimed_ttl(pd_tt
     rid = f"orphan-{uuid.uuid4().hex[:8]}"
     expired0 = dep.scheduler_state(dep.prefill)["counters"]["unclaimed_rooms_expired_total"]
     start = time.monotonic()
-    job = in_background(dep.post_generate, dep.decodes[0].url, prompt, 8, rid=rid, **dep.pairing())
+    pairing = dep.pairing()
+    job = in_background(dep.post_generate, dep.decodes[0].url, prompt, 8, rid=rid, **pairing)
     plan = wait_for_plan(dep, rid)
     assert plan["decode_prefix_len"] >= 48
     assert_lock_held(dep, rid)
@@ -61,6 +63,11 @@ def test_a_decode_half_without_its_prefill_half_fails_at_the_unclaimed_ttl(pd_tt
     assert TTL_S * 0.9 <= elapsed < WAITING_TIMEOUT_S / 4, elapsed
     assert dep.scheduler_state(dep.prefill)["counters"]["unclaimed_rooms_expired_total"] == expired0 + 1
     assert_released_once(dep.wait_clean(), rid, plan["decode_prefix_len"])
+    # The prefill half arriving after all: the room is tombstoned, so it fails at once with the reason
+    # instead of waiting for a transfer info until prefill's bootstrap timeout (SGLang's default 300 s).
+    start = time.monotonic()
+    late = dep.post_generate(dep.prefill.url, prompt, 8, timeout=120, rid=f"{rid}-late", **pairing)
+    assert time.monotonic() - start < 30 and "no prefill request claimed it" in late.text, late.text
     # the pair serves on, the same prompt included
     assert dep.generate_pd(prompt, 8)[1]["meta_info"]["decode_prefix_len"] >= 48
     dep.wait_clean()

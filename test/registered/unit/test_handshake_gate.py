@@ -77,6 +77,7 @@ def test_transfer_info_of_a_registered_peer_is_admitted_and_tracked_until_claime
     clock.now += 11
     assert g.housekeeping() == [5] and 5 not in host.transfer_infos  # nobody claimed room 5
     assert "no prefill request claimed it within 10 s" in host.drop_reasons[5]  # what decode is told
+    assert g.tombstones.take(5) == host.drop_reasons[5]  # a prefill half arriving after this fails at once
     g.admit(T.transfer_info(6, [1]), "10.0.0.9")
     host.rooms.add(6)
     host.transfer_infos[6] = b"held"

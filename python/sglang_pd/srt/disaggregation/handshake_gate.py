@@ -128,7 +128,8 @@ class HandshakeGate:
         return body
 
     def housekeeping(self) -> list[int]:
-        """Expire unclaimed rooms and emit the periodic summary; returns rooms dropped."""
+        """Expire unclaimed rooms (the host tells their decodes; each is tombstoned for a late prefill half)
+        and emit the periodic summary; returns rooms dropped."""
         dropped = []
         self.host.prune()
         if self.unclaimed is not None:
@@ -136,6 +137,9 @@ class HandshakeGate:
                       f"{self.unclaimed.ttl_s:g} s of decode's transfer info (SGLANG_PD_UNCLAIMED_ROOM_TTL_S) or "
                       f"its unclaimed-room caps were reached")
             dropped = self.unclaimed.sweep(self.host.room_claimed, lambda room: self.host.drop_unclaimed(room, reason))
+            if self.tombstones is not None:  # decode was told; a prefill half arriving now fails at once
+                for room in dropped:
+                    self.tombstones.bury(room, reason)
             if dropped:
                 self._on_count("unclaimed_rooms_expired_total", len(dropped))
                 logger.warning("sglang_pd: dropped transfer infos of %d room(s) no request claimed within %.0f s "
