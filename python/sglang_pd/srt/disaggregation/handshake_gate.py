@@ -72,6 +72,14 @@ class GateCounts:
     refused_after_admit: dict[str, int] = field(default_factory=dict)  # admitted here, refused by a later check
 
 
+def registered_endpoint(registered_peer: Callable[[str], PeerRecord | None], name: str,
+                        target: tuple[str, int]) -> bool:
+    """True when peer `name` registered exactly `target` (endpoint, port): the only kind of address prefill
+    sends a room's status to, so no message can make it write where the message says (read-only)."""
+    record = registered_peer(name)
+    return record is not None and (record.endpoint, record.port) == target
+
+
 class HandshakeGate:
     """Admit or drop each message of one rank socket. See the module docstring for the steps."""
 
@@ -83,6 +91,10 @@ class HandshakeGate:
         self.limits, self.host, self.auth = limits, host, auth
         self.digests = digests  # prefill: prompt digests of admitted transfer infos (None: frame not expected)
         self.unclaimed, self.tombstones = unclaimed, tombstones
+        # what decode (and a prefill half arriving later) is told about a room dropped as unclaimed
+        self.unclaimed_reason = None if unclaimed is None else (
+            f"sglang_pd: prefill dropped the room: no prefill request claimed it within {unclaimed.ttl_s:g} s of "
+            f"decode's transfer info (SGLANG_PD_UNCLAIMED_ROOM_TTL_S) or its unclaimed-room caps were reached")
         self._on_count = on_count
         self.max_peers = max_peers
         self._clock = clock
@@ -133,9 +145,7 @@ class HandshakeGate:
         dropped = []
         self.host.prune()
         if self.unclaimed is not None:
-            reason = (f"sglang_pd: prefill dropped the room: no prefill request claimed it within "
-                      f"{self.unclaimed.ttl_s:g} s of decode's transfer info (SGLANG_PD_UNCLAIMED_ROOM_TTL_S) or "
-                      f"its unclaimed-room caps were reached")
+            reason = self.unclaimed_reason
             dropped = self.unclaimed.sweep(self.host.room_claimed, lambda room: self.host.drop_unclaimed(room, reason))
             if self.tombstones is not None:  # decode was told; a prefill half arriving now fails at once
                 for room in dropped:
@@ -220,8 +230,7 @@ class HandshakeGate:
         """Where to tell decode: only the endpoint of a peer that registered it (never an arbitrary one)."""
         if self.limits.side is not Side.PREFILL or verdict.peer_name is None:
             return None
-        record = self.host.registered_peer(verdict.peer_name)
-        if record is None or (record.endpoint, record.port) != verdict.reply_to:
+        if not registered_endpoint(self.host.registered_peer, verdict.peer_name, verdict.reply_to):
             return None
         return verdict.reply_to
 

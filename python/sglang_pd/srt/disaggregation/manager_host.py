@@ -8,7 +8,7 @@ scheduler thread (a set add is atomic under the GIL; `prune` copies before itera
 from __future__ import annotations
 
 from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits, Side
-from sglang_pd.srt.disaggregation.handshake_gate import PeerRecord
+from sglang_pd.srt.disaggregation.handshake_gate import PeerRecord, registered_endpoint
 
 
 class ManagerHost:
@@ -94,8 +94,7 @@ def registered_targets(infos: dict, registered_peer) -> list[tuple[str, int]]:
     registered exactly that endpoint: a message cannot make prefill write to an address of its choosing."""
     targets = []
     for name, info in infos.items():
-        record = registered_peer(str(name))
         target = (str(info.endpoint), int(info.dst_port))
-        if record is not None and (record.endpoint, record.port) == target and target not in targets:
+        if registered_endpoint(registered_peer, str(name), target) and target not in targets:
             targets.append(target)
     return targets
