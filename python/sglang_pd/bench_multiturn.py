@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from sglang_pd.bench.multiturn_workload import WorkloadConfig, run_workload, system_prompt
 from sglang_pd.bench.pd_client import pd_stream
-from sglang_pd.bench.report import format_stages, format_table, local_breakdown, plot, plot_summary, summarize
+from sglang_pd.bench.report import format_local_stages, format_stages, format_table, local_breakdown, plot, plot_summary, summarize
 from sglang_pd.bench.server_figures import ServerFigures
 from sglang_pd.bench.slo import BenchConfig, SloTargets, parse_configs, plot_pareto, plot_slo, slo_figures
 from sglang_pd.bench.start_failure import StartFailure
@@ -284,8 +284,10 @@ def main(argv=None) -> int:
     print(f"workload: {json.dumps(dataclasses.asdict(cfg))}; SLO scored: {args.slo.describe()}\n")
     if results:
         print(format_table(results))
-        stages = format_stages(results)
-        print(f"\nwhere the time went, by SGLang's own per-stage timestamps:\n{stages}\n" if stages else "")
+        for title, table in (("where the time went, by SGLang's own per-stage timestamps", format_stages(results)),
+                             ("where the decode-local requests' time went", format_local_stages(results))):
+            if table:
+                print(f"\n{title}:\n{table}\n")
     for name, count in identical["counts"].items():
         print(f"identical greedy outputs {identical['reference']} vs {name}: {count}/{identical['num_outputs']}")
     for name, result in results.items():

@@ -148,7 +148,7 @@ STAGES = [
     ("prefill", "prefill_forward", "prefill: forward"),
     ("prefill", "prefill_transfer_kv_cache", "prefill: KV transfer"),
     ("decode", "decode_transferred", "decode: transfer info sent -> KV arrived"),
-    ("decode", "decode_waiting", "decode: KV arrived -> joins a batch"),
+    ("decode", "decode_waiting", "decode: waiting queue (KV arrived, or queued locally) -> first forward"),
     ("decode", "fake_output", "decode: prebuilt step (first token out)"),
 ]
 
@@ -166,6 +166,30 @@ def format_stages(results: dict[str, dict]) -> str:
         for name in names:
             seen = results[name]["sglang_stage_latency"][role].get(stage)
             cells.append("-" if seen is None else f"{seen['mean_ms']:.1f} ({seen['count']})")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+# decode's per-request records of its local requests (`local_breakdown`), in their order: (key, what).
+LOCAL_STAGES = [
+    ("admitted_ms", "receipt -> decided local (handshake, match, lock, preallocation, decline sent)"),
+    ("queued_ms", "queued for the extend"),
+    ("extend_to_join_ms", "extend planned -> joined the running batch (first token streamed inside)"),
+    ("outside_scheduler_ms", "outside decode's scheduler (client TTFT minus the three above)"),
+]
+
+
+def format_local_stages(results: dict[str, dict]) -> str:
+    """Markdown table of where the decode-local requests' TTFT went: p50 / p90 ms per configuration that
+    served any locally. Empty when none did."""
+    names = [n for n, r in results.items() if (r.get("decode_local_prefill") or {}).get("num_joined")]
+    if not names:
+        return ""
+    lines = ["| decode-local requests (sglang_pd's records), p50 / p90 ms | " + " | ".join(names) + " |",
+             "|" + "---|" * (len(names) + 1)]
+    for key, label in LOCAL_STAGES:
+        cells = [f"{b[key]['p50']:.1f} / {b[key]['p90']:.1f}"
+                 for b in (results[n]["decode_local_prefill"] for n in names)]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

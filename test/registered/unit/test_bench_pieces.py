@@ -94,6 +94,19 @@ def test_local_prefill_configs_rows_gains_and_sweep_table():
     sweep = format_sweep({0: on, 64: local})
     assert "| 64 | 0.030 | " in sweep and "| 2/2 | 0 | 0 |" in sweep
 
+    from sglang_pd.bench.report import format_local_stages, local_breakdown
+
+    records = {"requests": {"pd-1": {"state": "joined", "admitted_ms": 2.0, "queued_ms": 1.0, "extend_to_join_ms": 9.0},
+                            "pd-2": {"state": "aborted", "admitted_ms": 50.0, "queued_ms": None,
+                                     "extend_to_join_ms": None}},
+               "threshold": 64, "num_extends": 1, "num_mixed_extends": 1}
+    local["decode_local_prefill"] = local_breakdown(records, {"pd-1": 0.030})
+    stages = format_local_stages({"on": on, "on+local": local})
+    assert stages.splitlines()[0].endswith("| on+local |")  # a configuration that served none gets no column
+    assert "| queued for the extend | 1.0 / 1.0 |" in stages
+    assert "| outside decode's scheduler (client TTFT minus the three above) | 18.0 / 18.0 |" in stages
+    assert format_local_stages({"on": on}) == ""
+
 
 def _metrics_text(observations: dict[tuple[str, str], list[float]], queue: list[float]) -> str:
     """A /metrics text as prometheus_client writes it, with SGLang's histogram names and labels."""
