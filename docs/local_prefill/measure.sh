@@ -45,3 +45,11 @@ for i in 1 2 3; do
         --out-dir $D/transfer_nice/nice${nice}_$i --no-progress
   done
 done
+# decode on SGLang's overlap loop (its default on CPU too) vs its normal loop, alternating
+for i in 1 2 3; do
+  for loop in overlap normal; do
+    extra=(); [ $loop = normal ] && extra=(--decode-arg=--disable-overlap-schedule)
+    run $D/decode_loop/${loop}_$i/bench_multiturn_short.log $PY -m sglang_pd.bench_multiturn --preset short \
+        --configs on,on+local --local-prefill-tokens 64 "${extra[@]}" --out-dir $D/decode_loop/${loop}_$i --no-progress
+  done
+done

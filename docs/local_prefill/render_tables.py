@@ -115,6 +115,10 @@ if __name__ == "__main__":
     nice_runs = [HERE / "transfer_nice" / f"nice{n}_{i}" / "bench_multiturn_short.json" for i in (1, 2, 3) for n in (0, 19)]
     print("\n## prefill's transfer workers at nice 0 vs 19, alternating (transfer_nice/)\n")
     print(on_vs_local_table(nice_runs) + "\n\n" + pd_hop_table(nice_runs))
+    loop_runs = [HERE / "decode_loop" / f"{loop}_{i}" / "bench_multiturn_short.json"
+                 for i in (1, 2, 3) for loop in ("overlap", "normal")]
+    print("\n## decode on SGLang's overlap loop (default) vs its normal loop, alternating (decode_loop/)\n")
+    print(on_vs_local_table(loop_runs) + "\n\n" + pd_hop_table(loop_runs))
     print("\n## where the time goes: on's PD hop by SGLang's stages vs on+local's local path (stages/)\n")
     print(pd_hop_table(sorted((HERE / "stages").glob("run*/bench_multiturn_short.json"))))
     for path in sys.argv[1:] or [HERE / "bench_multiturn_short.json", HERE / "bench_multiturn_capacity.json",

@@ -77,6 +77,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--transfer-backend", default="mooncake_tcp", choices=("mooncake_tcp", "nixl"))
     p.add_argument("--page-size", type=int, help="KV page size (overrides the preset's)")
     p.add_argument("--decode-max-total-tokens", type=int, help="decode KV pool in tokens (overrides the preset's)")
+    p.add_argument("--decode-arg", action="append", default=[], metavar="ARG",
+                   help="an extra SGLang argument for every configuration's decode server, repeatable "
+                        "(e.g. --decode-arg=--disable-overlap-schedule); one the harness sets itself is refused")
     for name in WORKLOAD_FLAGS:
         kind = {"request_rate": float, "round_barrier": None}.get(name, int)
         flag = "--" + name.replace("_", "-")
@@ -92,6 +95,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     attach = [args.prefill_url, args.decode_url, args.bootstrap_port]
     if any(attach) and not all(attach):
         p.error("attach mode needs all of --prefill-url, --decode-url and --bootstrap-port")
+    if any(attach) and args.decode_arg:
+        p.error("--decode-arg applies to the servers the benchmark starts; attach mode uses running ones")
     try:
         args.configs = parse_configs(args.configs, args.itl_target_ms, args.ttft_target_ms, args.local_prefill_tokens)
         args.pareto = [float(t) for t in args.pareto_itl_targets.split(",") if t.strip()]
@@ -151,6 +156,7 @@ def run_config(config: BenchConfig, args, cfg: WorkloadConfig):
         deploy["page_size"] = args.page_size
     if args.decode_max_total_tokens:
         deploy["decode_max_total_tokens"] = args.decode_max_total_tokens
+    deploy["extra_decode_args"] = tuple(args.decode_arg)
     t0 = time.perf_counter()
     dep = PDDeployment(DeploymentConfig(decode_radix=config.decode_radix,
                                         decode_attention_backend=config.decode_attention_backend,
@@ -266,6 +272,7 @@ def main(argv=None) -> int:
     report = {"preset": args.preset, "machine": machine(), "workload": dataclasses.asdict(cfg),
               "deployment": PRESETS[args.preset][1], "model": args.model, "page_size": args.page_size,
               "decode_max_total_tokens": args.decode_max_total_tokens,
+              "extra_decode_args": args.decode_arg,
               "transfer_backend": args.transfer_backend, "slo": args.slo.describe(),
               "configs": [dataclasses.asdict(c) for c in args.configs],
               "results": results, "pareto": pareto, "local_sweep": {str(t): r for t, r in sweep.items()},

@@ -69,6 +69,17 @@ class DeploymentConfig:
                                  "plugin=True")
 
 
+def with_extra_args(args: list[str], extra: tuple[str, ...], role: str) -> list[str]:
+    """`args` followed by `extra`; raises ValueError naming any flag of `extra` that `args` already sets:
+    SGLang would silently take the later value, and a run would not be the deployment it says it is."""
+    flag = lambda a: a.split("=", 1)[0]  # noqa: E731
+    clash = sorted({flag(a) for a in extra if a.startswith("--")} & {flag(a) for a in args if a.startswith("--")})
+    if clash:
+        raise ValueError(f"extra {role} server arguments {clash} are set by the harness itself; "
+                         f"use DeploymentConfig's own field for them")
+    return [*args, *extra]
+
+
 def router_metrics_args() -> list[str]:
     """sglang-router exports Prometheus on a fixed default port (29000, all interfaces): give each
     router its own loopback port so several can run on one host."""
@@ -122,20 +133,20 @@ class PDDeployment:
                 *cpu_server_args(attention_backend)]
 
     def _prefill_args(self) -> list[str]:
-        return [*self._common_args(self.config.prefill_max_total_tokens, self.config.prefill_attention_backend),
+        args = [*self._common_args(self.config.prefill_max_total_tokens, self.config.prefill_attention_backend),
                 "--disaggregation-mode", "prefill",
                 "--disaggregation-transfer-backend", self.config.transfer_backend,
-                "--disaggregation-bootstrap-port", str(self.bootstrap_port),
-                *self.config.extra_prefill_args]
+                "--disaggregation-bootstrap-port", str(self.bootstrap_port)]
+        return with_extra_args(args, self.config.extra_prefill_args, "prefill")
 
     def _decode_args(self) -> list[str]:
         radix = (["--disaggregation-decode-enable-radix-cache"] if self.config.decode_radix
                  else ["--disaggregation-decode-retraction-backup", "cpu_tensor"])
-        return [*self._common_args(self.config.decode_max_total_tokens, self.config.decode_attention_backend),
+        args = [*self._common_args(self.config.decode_max_total_tokens, self.config.decode_attention_backend),
                 "--disaggregation-mode", "decode",
                 "--disaggregation-transfer-backend", self.config.transfer_backend,
-                "--num-reserved-decode-tokens", str(self.config.num_reserved_decode_tokens),
-                *radix, *self.config.extra_decode_args]
+                "--num-reserved-decode-tokens", str(self.config.num_reserved_decode_tokens), *radix]
+        return with_extra_args(args, self.config.extra_decode_args, "decode")
 
     def _plain_args(self) -> list[str]:
         return self._common_args(self.config.decode_max_total_tokens)

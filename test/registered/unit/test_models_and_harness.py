@@ -147,3 +147,24 @@ def test_private_files_are_written_mode_600_and_replaced_whole(tmp_path):
     assert (path.stat().st_mode & 0o777) == 0o600 and path.read_text() == "a-much-longer-first-key\n"
     write_private_file(path, "short\n")
     assert path.read_text() == "short\n" and (path.stat().st_mode & 0o777) == 0o600
+
+
+def test_extra_server_arguments_cannot_override_what_the_harness_sets():
+    """An extra argument the harness already passes would be taken silently by SGLang (last one wins):
+    refused, naming it; others are appended."""
+    from sglang_pd.harness.deployment import with_extra_args
+
+    base = ["--page-size", "1", "--attention-backend", "torch_native", "--disaggregation-mode", "decode"]
+    assert with_extra_args(base, ("--disable-overlap-schedule",), "decode") == [*base, "--disable-overlap-schedule"]
+    with pytest.raises(ValueError, match=r"extra decode server arguments \['--attention-backend', '--page-size'\]"):
+        with_extra_args(base, ("--page-size=16", "--attention-backend", "triton"), "decode")
+
+
+def test_bench_decode_args_are_parsed_and_refused_in_attach_mode():
+    from sglang_pd import bench_multiturn as bm
+
+    args = bm.parse_args(["--configs", "on", "--decode-arg=--disable-overlap-schedule"])
+    assert args.decode_arg == ["--disable-overlap-schedule"]
+    with pytest.raises(SystemExit):
+        bm.parse_args(["--prefill-url", "http://p", "--decode-url", "http://d", "--bootstrap-port", "1",
+                       "--decode-arg=--disable-overlap-schedule"])
