@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 
 import requests
 
@@ -70,11 +70,20 @@ def metric_totals(url: str, names: tuple[str, ...], timeout: float = 30) -> dict
 
     A name with no sample is 0.0: SGLang's labelled counters appear at their first increment."""
     totals = dict.fromkeys(names, 0.0)
-    for line in requests.get(url + "/metrics", timeout=timeout).text.splitlines():
-        name = line.split("{", 1)[0].split(" ", 1)[0]
+    for name, _, value in _samples(requests.get(url + "/metrics", timeout=timeout).text):
         if name in totals:
-            totals[name] += float(line.rpartition(" ")[2])
+            totals[name] += value
     return totals
+
+
+def _samples(metrics_text: str) -> Iterator[tuple[str, str, float]]:
+    """(name, label text without braces, value) of each sample line of a Prometheus text; comments skipped."""
+    for line in metrics_text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        head, _, value = line.rpartition(" ")
+        name, _, labels = head.partition("{")
+        yield name, labels.rstrip("}"), float(value)
 
 
 # SGLang's per-stage request latency histogram (observability/req_time_stats.py `RequestStage`), one label
@@ -82,7 +91,7 @@ def metric_totals(url: str, names: tuple[str, ...], timeout: float = 30) -> dict
 STAGE_METRIC = "sglang:per_stage_req_latency_seconds"
 QUEUE_METRIC = "sglang:queue_time_seconds"
 QUEUE_STAGE = "queue_time"  # the name `stage_latencies` files QUEUE_METRIC under
-_STAGE_LABEL = re.compile(r'(?:^|[{,])stage="([^"]*)"')
+_STAGE_LABEL = re.compile(r'(?:^|,)stage="([^"]*)"')
 
 
 class LatencyTotal(NamedTuple):
@@ -97,19 +106,18 @@ def parse_stage_latencies(metrics_text: str) -> dict[str, LatencyTotal]:
     labels (ranks); the queue-time histogram under QUEUE_STAGE. Pure; a stage never observed is absent."""
     sums: dict[str, float] = {}
     counts: dict[str, float] = {}
-    for line in metrics_text.splitlines():
-        name, _, rest = line.partition("{")
+    for name, labels, value in _samples(metrics_text):
         for suffix, into in (("_sum", sums), ("_count", counts)):
             if name == STAGE_METRIC + suffix:
-                match = _STAGE_LABEL.search(rest)
+                match = _STAGE_LABEL.search(labels)
                 if match is None:
-                    raise ValueError(f"{name} sample without a stage label: {line!r}")
+                    raise ValueError(f"{name} sample without a stage label: {{{labels}}}")
                 stage = match.group(1)
             elif name == QUEUE_METRIC + suffix:
                 stage = QUEUE_STAGE
             else:
                 continue
-            into[stage] = into.get(stage, 0.0) + float(line.rpartition(" ")[2])
+            into[stage] = into.get(stage, 0.0) + value
     return {stage: LatencyTotal(sums.get(stage, 0.0), counts[stage]) for stage in counts}
 
 

@@ -152,3 +152,8 @@ def test_stage_latencies_refuse_a_stage_sample_without_its_label():
 
     with pytest.raises(ValueError, match="without a stage label"):
         parse_stage_latencies('sglang:per_stage_req_latency_seconds_count{tp_rank="0"} 3.0')
+    # a sample without labels, and a label value with a space, parse too
+    unlabelled = parse_stage_latencies('# TYPE sglang:queue_time_seconds histogram\n'
+                                       'sglang:queue_time_seconds_sum 0.5\nsglang:queue_time_seconds_count 2.0\n'
+                                       'sglang:per_stage_req_latency_seconds_count{model_name="a b",stage="s"} 3.0')
+    assert unlabelled["queue_time"] == (0.5, 2.0) and unlabelled["s"] == (0.0, 3.0)
