@@ -156,18 +156,13 @@ STAGES = [
 def format_stages(results: dict[str, dict]) -> str:
     """Markdown table of SGLang's per-stage latencies: mean ms (requests) per configuration; '-' where no
     request of the run passed the stage. Empty when no run carries them."""
+    def cell(name: str, role: str, stage: str) -> str:
+        seen = results[name]["sglang_stage_latency"][role].get(stage)
+        return "-" if seen is None else f"{seen['mean_ms']:.1f} ({seen['count']})"
+
     names = [n for n, r in results.items() if r.get("sglang_stage_latency")]
-    if not names:
-        return ""
-    lines = ["| stage (SGLang's per-stage histogram), mean ms (requests) | " + " | ".join(names) + " |",
-             "|" + "---|" * (len(names) + 1)]
-    for role, stage, label in STAGES:
-        cells = []
-        for name in names:
-            seen = results[name]["sglang_stage_latency"][role].get(stage)
-            cells.append("-" if seen is None else f"{seen['mean_ms']:.1f} ({seen['count']})")
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return _stage_table("stage (SGLang's per-stage histogram), mean ms (requests)", names,
+                        [(label, [cell(n, role, stage) for n in names]) for role, stage, label in STAGES])
 
 
 # decode's per-request records of its local requests (`local_breakdown`), in their order: (key, what).
@@ -183,15 +178,18 @@ def format_local_stages(results: dict[str, dict]) -> str:
     """Markdown table of where the decode-local requests' TTFT went: p50 / p90 ms per configuration that
     served any locally. Empty when none did."""
     names = [n for n, r in results.items() if (r.get("decode_local_prefill") or {}).get("num_joined")]
+    breakdowns = [results[n]["decode_local_prefill"] for n in names]
+    return _stage_table("decode-local requests (sglang_pd's records), p50 / p90 ms", names,
+                        [(label, [f"{b[key]['p50']:.1f} / {b[key]['p90']:.1f}" for b in breakdowns])
+                         for key, label in LOCAL_STAGES])
+
+
+def _stage_table(title: str, names: list[str], rows: list[tuple[str, list[str]]]) -> str:
+    """Markdown: one column per configuration in `names`, one row per (label, cells); empty without names."""
     if not names:
         return ""
-    lines = ["| decode-local requests (sglang_pd's records), p50 / p90 ms | " + " | ".join(names) + " |",
-             "|" + "---|" * (len(names) + 1)]
-    for key, label in LOCAL_STAGES:
-        cells = [f"{b[key]['p50']:.1f} / {b[key]['p90']:.1f}"
-                 for b in (results[n]["decode_local_prefill"] for n in names)]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    lines = [f"| {title} | " + " | ".join(names) + " |", "|" + "---|" * (len(names) + 1)]
+    return "\n".join(lines + [f"| {label} | " + " | ".join(cells) + " |" for label, cells in rows])
 
 
 def _ratio(off: float | None, on: float | None, direction: str | None) -> str:
