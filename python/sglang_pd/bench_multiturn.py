@@ -9,6 +9,7 @@
     python -m sglang_pd.bench_multiturn --preset short --configs off,on,on+local --local-prefill-tokens 64 \
         --local-sweep 16,64,256 --out-dir docs/local_prefill        # decode-local prefill + threshold sweep
     python -m sglang_pd.bench_multiturn --preset capacity --configs off,on,off+shared,on+shared   # decode attention
+    python -m sglang_pd.bench_multiturn --preset capacity --configs off,on+shared --cpu-split decode-scheduler
 
 Each configuration gets its own fresh PD deployment (started, primed with the shared system prompt,
 measured, stopped). Prints a table (TTFT p50/p90/p99, ITL, request and token throughput, decode hit
@@ -21,7 +22,9 @@ scores every request (bench/slo.py: attainment, goodput; plots), and `--pareto-i
 `on+itl` run per target and plots TTFT p50 against ITL p50. `+local` configurations serve requests
 whose uncached prompt part is at most `--local-prefill-tokens` on decode (prefill declines them);
 `--local-sweep` adds one such run per threshold (threshold 0 is the `on` run). Greedy outputs of every
-configuration are compared with OFF's.
+configuration are compared with OFF's. `--cpu-split decode` gives the decode server a CPU of its own
+(prefill, the client and the rest share the others), `--cpu-split decode-scheduler` only decode's scheduler
+process (harness/cpu_placement.py): as far as one box can stand for two.
 """
 
 from __future__ import annotations
@@ -44,6 +47,7 @@ from sglang_pd.bench.server_figures import ServerFigures
 from sglang_pd.bench.slo import BenchConfig, SloTargets, parse_configs, plot_pareto, plot_slo, slo_figures
 from sglang_pd.bench.start_failure import StartFailure
 from sglang_pd.harness import DeploymentConfig, PDDeployment, ServerStartError
+from sglang_pd.harness.cpu_placement import SPLITS, split_placement
 
 PRESETS: dict[str, tuple[dict, dict]] = {  # name -> (workload, deployment)
     "tiny": (dict(num_clients=3, num_rounds=2, system_len=64, first_question_len=16, question_len=8,
@@ -80,6 +84,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--decode-arg", action="append", default=[], metavar="ARG",
                    help="an extra SGLang argument for every configuration's decode server, repeatable "
                         "(e.g. --decode-arg=--disable-overlap-schedule); one the harness sets itself is refused")
+    p.add_argument("--cpu-split", choices=SPLITS,
+                   help="decode: every configuration's decode server alone on the highest CPU; decode-scheduler: "
+                        "only its scheduler process there; prefill, this client and the rest on the others "
+                        "(Linux affinity, checked on every thread of every server process)")
     for name in WORKLOAD_FLAGS:
         kind = {"request_rate": float, "round_barrier": None}.get(name, int)
         flag = "--" + name.replace("_", "-")
@@ -95,8 +103,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     attach = [args.prefill_url, args.decode_url, args.bootstrap_port]
     if any(attach) and not all(attach):
         p.error("attach mode needs all of --prefill-url, --decode-url and --bootstrap-port")
-    if any(attach) and args.decode_arg:
-        p.error("--decode-arg applies to the servers the benchmark starts; attach mode uses running ones")
+    if any(attach) and (args.decode_arg or args.cpu_split):
+        p.error("--decode-arg and --cpu-split apply to the servers the benchmark starts; attach mode uses running ones")
+    try:
+        args.placement = split_placement(args.cpu_split) if args.cpu_split else None
+    except ValueError as exc:
+        p.error(f"--cpu-split: {exc}")
     try:
         args.configs = parse_configs(args.configs, args.itl_target_ms, args.ttft_target_ms, args.local_prefill_tokens)
         args.pareto = [float(t) for t in args.pareto_itl_targets.split(",") if t.strip()]
@@ -116,12 +128,15 @@ def workload_config(args) -> WorkloadConfig:
 
 
 def measure(prefill_url, decode_url, bootstrap_port, cfg: WorkloadConfig, label: str, progress: bool,
-            slo: SloTargets | None = None):
-    """Prime the shared prefix, run the workload, return (summary, outputs by (client, round))."""
+            slo: SloTargets | None = None, after_priming=None):
+    """Prime the shared prefix, call `after_priming()` if given, run the workload, return (summary,
+    outputs by (client, round))."""
     send = lambda ids, n: pd_stream(prefill_url, decode_url, bootstrap_port, ids, n)  # noqa: E731
     primed = send(system_prompt(cfg), 1)
     if not primed.ok:
         raise RuntimeError(f"priming request failed: {primed.error}")
+    if after_priming is not None:
+        after_priming()
     figures = ServerFigures(prefill_url, decode_url)
     before = figures.snapshot()
     bar = tqdm(total=cfg.num_clients * cfg.num_rounds, desc=label, disable=not progress, file=sys.stderr)
@@ -157,6 +172,7 @@ def run_config(config: BenchConfig, args, cfg: WorkloadConfig):
     if args.decode_max_total_tokens:
         deploy["decode_max_total_tokens"] = args.decode_max_total_tokens
     deploy["extra_decode_args"] = tuple(args.decode_arg)
+    deploy["cpu_placement"] = args.placement
     t0 = time.perf_counter()
     dep = PDDeployment(DeploymentConfig(decode_radix=config.decode_radix,
                                         decode_attention_backend=config.decode_attention_backend,
@@ -168,12 +184,25 @@ def run_config(config: BenchConfig, args, cfg: WorkloadConfig):
         return StartFailure.from_servers(config.name, dep.servers, dep.log_dir, exc), {}
     try:
         print(f"[{config.name}] PD pair up in {time.perf_counter() - t0:.0f}s (logs {dep.log_dir})", file=sys.stderr)
+        settled = []  # threads decode's moved scheduler thread started with the first request (decode-step)
         summary, outputs = measure(dep.prefill.url, dep.decodes[0].url, dep.bootstrap_port, cfg, config.name,
-                                   not args.no_progress, args.slo)
+                                   not args.no_progress, args.slo, lambda: settled.append(dep.settle_placement()))
         summary["clean_after_run"] = _clean_after_run(dep)
+        summary["placement_checked"] = dict(dep.placement_checked)   # at start, then again after the run
+        summary["placement_threads_settled"] = settled[0]
+        summary["placement_checked_after_run"] = _placement_after_run(dep)
         return summary, outputs
     finally:
         dep.stop()
+
+
+def _placement_after_run(dep: PDDeployment) -> dict:
+    """Processes checked per server after the run, or {"error": ...} naming a thread that left its CPUs
+    meanwhile (e.g. one the moved scheduler thread started): recorded and printed, not raised."""
+    try:
+        return dep.check_placement()
+    except RuntimeError as exc:
+        return {"error": str(exc)[:2000]}
 
 
 def _clean_after_run(dep: PDDeployment) -> dict:
@@ -250,6 +279,8 @@ def _run_all(args, cfg: WorkloadConfig) -> tuple[dict, dict, dict]:
                                 not args.no_progress, args.slo)
         return {args.label: summary}, {args.label: outs}, {}
     results, outputs, failures = {}, {}, {}
+    if args.placement is not None:
+        os.sched_setaffinity(0, args.placement.client)  # this process's client threads too
     for config in args.configs:
         result, outs = run_config(config, args, cfg)
         if isinstance(result, StartFailure):
@@ -273,6 +304,7 @@ def main(argv=None) -> int:
               "deployment": PRESETS[args.preset][1], "model": args.model, "page_size": args.page_size,
               "decode_max_total_tokens": args.decode_max_total_tokens,
               "extra_decode_args": args.decode_arg,
+              "cpu_placement": args.placement and args.placement.as_dict(),
               "transfer_backend": args.transfer_backend, "slo": args.slo.describe(),
               "configs": [dataclasses.asdict(c) for c in args.configs],
               "results": results, "pareto": pareto, "local_sweep": {str(t): r for t, r in sweep.items()},
@@ -288,6 +320,8 @@ def main(argv=None) -> int:
     if results and all("slo_attainment" in r for r in results.values()):
         plot_slo(results, str(out / f"bench_multiturn_{args.preset}_slo.png"))
     print(f"\nbench_multiturn preset={args.preset} backend={args.transfer_backend} on {machine()}")
+    if args.placement is not None:
+        print(f"CPU placement: {args.placement.as_dict()}")
     print(f"workload: {json.dumps(dataclasses.asdict(cfg))}; SLO scored: {args.slo.describe()}\n")
     if results:
         print(format_table(results))
@@ -301,6 +335,8 @@ def main(argv=None) -> int:
         if not result.get("clean_after_run", {"clean": True})["clean"]:
             print(f"\nWARNING [{name}] servers not idle and clean after the run: "
                   f"{result['clean_after_run']['detail'][:600]}")
+        if "error" in result.get("placement_checked_after_run", {}):
+            print(f"\nWARNING [{name}] CPU placement not kept during the run: {result['placement_checked_after_run']['error']}")
     for failure in failures.values():
         print(f"\n{failure.describe()}")
     if sweep:

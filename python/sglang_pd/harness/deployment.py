@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures as cf
+import os
 import random
 import sys
 import tempfile
@@ -13,6 +14,7 @@ from pathlib import Path
 import requests
 
 from sglang_pd.harness.cpu_env import cpu_server_args, server_env
+from sglang_pd.harness.cpu_placement import CpuPlacement, check_group, move_process, scheduler_pids, threads
 from sglang_pd.harness import upstream_state
 from sglang_pd.harness.test_logs import write_private_file
 from sglang_pd.harness.server import ServerProcess, ServerStartError, free_port, wait_healthy_rebinding
@@ -52,6 +54,9 @@ class DeploymentConfig:
     decode_attention_backend: str = "torch_native"   # or sglang_pd_shared_prefix (registered by the plugin)
     prefill_attention_backend: str = "torch_native"  # the plain server always runs torch_native
     api_key: str | None = None     # SGLang's --api-key on every server and the router; the harness sends it
+    # CPUs per role (cpu_placement.py), applied and checked by start(); None: every process on every CPU.
+    # ServerProcess.restart keeps a server's CPUs but does not move decode's scheduler again.
+    cpu_placement: CpuPlacement | None = None
 
     def __post_init__(self):
         if self.transfer_backend not in TRANSFER_BACKENDS:
@@ -116,12 +121,19 @@ class PDDeployment:
         self.env.update(dict(config.env_overrides))
         if not config.plugin:
             self.env.update([NO_PLUGINS_ENV])
-        self.prefill = self._server("prefill", self._prefill_args())
-        self.decodes = [self._server(f"decode{i}", self._decode_args()) for i in range(config.num_decode)]
-        self.plain = self._server("plain", self._plain_args()) if config.with_plain else None
+        place = config.cpu_placement
+        self.prefill = self._server("prefill", self._prefill_args(), place and place.prefill)
+        self.decodes = [self._server(f"decode{i}", self._decode_args(), place and place.decode)
+                        for i in range(config.num_decode)]
+        self.plain = self._server("plain", self._plain_args(), place and place.client) if config.with_plain else None
+        self._routing_cpus = place and place.client  # the router and launcher run beside the client
         self.router: ServerProcess | None = None
         self.headers = auth_headers(config.api_key)  # on every request the harness sends
         self.port_rebinds: list[tuple[str, int, int]] = []  # (server, taken port, new port)
+        self.placement_checked: dict[str, int] = {}  # server -> processes verified on its CPUs
+        # each decode scheduler start() moved: process id (or, main_thread_only, its main thread's id) -> CPUs
+        self._moved_processes: dict[int, frozenset[int]] = {}
+        self._moved_threads: dict[int, frozenset[int]] = {}
 
     # ---- argv -------------------------------------------------------------------------------------
     def _common_args(self, max_total_tokens: int, attention_backend: str = "torch_native") -> list[str]:
@@ -151,10 +163,10 @@ class PDDeployment:
     def _plain_args(self) -> list[str]:
         return self._common_args(self.config.decode_max_total_tokens)
 
-    def _server(self, name: str, args: list[str]) -> ServerProcess:
+    def _server(self, name: str, args: list[str], cpus: frozenset[int] | None) -> ServerProcess:
         port = free_port()
         argv = [sys.executable, "-m", "sglang.launch_server", *args, "--port", str(port)]
-        return ServerProcess(name, argv, self.env, port, self.log_dir)
+        return ServerProcess(name, argv, self.env, port, self.log_dir, cpus=cpus)
 
     # ---- lifecycle --------------------------------------------------------------------------------
     @property
@@ -172,6 +184,7 @@ class PDDeployment:
                 for fut in [pool.submit(self._wait_rebinding, s, deadline) for s in self.servers]:
                     fut.result()
             self._check_plugin_loaded()
+            self._apply_placement(self.servers)
             if self.config.with_router:
                 self.router = self._start_router(deadline)
         except BaseException:
@@ -182,6 +195,48 @@ class PDDeployment:
     def _wait_rebinding(self, server: ServerProcess, deadline: float) -> None:
         """Wait for `server`, moving it to a new port if its own was taken (recorded in `port_rebinds`)."""
         self.port_rebinds += [(server.name, old, new) for old, new in wait_healthy_rebinding(server, deadline)]
+
+    def _apply_placement(self, procs: list[ServerProcess]) -> None:
+        """With a CPU placement: move each decode server's scheduler process to `decode_scheduler` (when
+        set), then check every started process (`check_placement`)."""
+        place = self.config.cpu_placement
+        for proc in procs:
+            if proc.cpus is None:
+                continue
+            if proc in self.decodes and place.decode_scheduler is not None:
+                pids = scheduler_pids(proc.proc.pid)
+                if len(pids) != 1:
+                    raise RuntimeError(f"{proc.name}: expected one SGLang scheduler process to move to CPUs "
+                                       f"{sorted(place.decode_scheduler)}, found {pids}")
+                if place.main_thread_only:  # its id is the process id; threads it starts later follow it
+                    os.sched_setaffinity(pids[0], place.decode_scheduler)
+                    self._moved_threads[pids[0]] = place.decode_scheduler
+                else:
+                    move_process(pids[0], place.decode_scheduler)
+                    self._moved_processes[pids[0]] = place.decode_scheduler
+            self.placement_checked[proc.name] = 0
+        self.check_placement()
+
+    def settle_placement(self) -> int:
+        """Move back to the decode CPUs the threads a moved main thread (split decode-step) has started
+        since (they inherit its CPUs; SGLang 0.5.23 starts a ZMQ context, 2 threads, with the first request).
+        Returns how many threads were moved. Call it after a first request, then `check_placement`."""
+        moved = 0
+        for main, cpus in self._moved_threads.items():
+            for tid in threads(main):
+                if tid != main and frozenset(os.sched_getaffinity(tid)) == cpus:
+                    os.sched_setaffinity(tid, self.config.cpu_placement.decode)
+                    moved += 1
+        return moved
+
+    def check_placement(self) -> dict[str, int]:
+        """Raise RuntimeError naming any thread of a placed server or router (children included) allowed on
+        other CPUs than its role's (a moved scheduler: its new ones); mutates nothing. Returns, and records
+        in `placement_checked`, how many processes were checked per server ({} without a placement)."""
+        for proc in [p for p in [self.router, *self.servers] if p is not None and p.name in self.placement_checked]:
+            self.placement_checked[proc.name] = check_group(proc.proc.pid, proc.cpus, proc.name,
+                                                            self._moved_processes, self._moved_threads)
+        return dict(self.placement_checked)
 
     def _check_plugin_loaded(self) -> None:
         """Raise ServerStartError naming a server whose sglang_pd state is not the configured one
@@ -202,7 +257,7 @@ class PDDeployment:
                 "--log-level", "warn", "--health-check-interval-secs", "2", *router_metrics_args(),
                 *(["--api-key", self.config.api_key] if self.config.api_key else []), *self.config.router_args]
         return self._start_routing(ServerProcess("router", argv, self.env, port, self.log_dir,
-                                                 health_path="/readiness"), deadline)
+                                                 health_path="/readiness", cpus=self._routing_cpus), deadline)
 
     def start_launcher(self, policy: str, timeout_s: float = 120) -> ServerProcess:
         """Start `python -m sglang_pd.launch_router` over this deployment (caller stops it)."""
@@ -213,7 +268,8 @@ class PDDeployment:
                 "--router-arg=--log-level", "--router-arg=warn",
                 "--router-arg=--health-check-interval-secs", "--router-arg=2",
                 *[f"--router-arg={a}" for a in router_metrics_args()], *self._api_key_file_args()]
-        router = ServerProcess(f"launcher-{policy}", argv, self.env, port, self.log_dir, health_path="/readiness")
+        router = ServerProcess(f"launcher-{policy}", argv, self.env, port, self.log_dir, health_path="/readiness",
+                               cpus=self._routing_cpus)
         return self._start_routing(router, time.monotonic() + timeout_s)
 
     def _api_key_file_args(self) -> list[str]:
@@ -231,6 +287,7 @@ class PDDeployment:
         router.start()
         try:
             router.wait_healthy(deadline)
+            self._apply_placement([router])
             wait_registered(router.url, [self.prefill.url, *[d.url for d in self.decodes]],
                             max(1.0, deadline - time.monotonic()), api_key=self.config.api_key)
         except BaseException:

@@ -73,8 +73,9 @@ class ServerProcess:
     """
 
     def __init__(self, name: str, argv: list[str], env: dict, port: int, log_dir: Path,
-                 health_path: str = "/health"):
+                 health_path: str = "/health", cpus: frozenset[int] | None = None):
         self.name = name
+        self.cpus = cpus  # CPU affinity of the process and (inherited) its children; None: the parent's
         self.argv = argv
         self.env = env
         self.port = port
@@ -96,8 +97,9 @@ class ServerProcess:
         self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "ab") as log:
             log.write(("$ " + " ".join(self.argv) + "\n").encode())
+            pin = None if self.cpus is None else (lambda: os.sched_setaffinity(0, self.cpus))
             self.proc = subprocess.Popen(self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                         stdin=subprocess.DEVNULL, start_new_session=True)
+                                         stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=pin)
 
     def is_running(self) -> bool:
         """True while the launched process has not exited."""

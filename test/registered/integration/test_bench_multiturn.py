@@ -1,6 +1,8 @@
-"""Smoke test of the multi-turn benchmark (tiny preset) attached to the session's PD pair."""
+"""Smoke tests of the multi-turn benchmark (tiny preset): attached to the session's PD pair, and on a pair
+it starts itself with a CPU split."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -32,3 +34,27 @@ def test_bench_multiturn_tiny_attached(pd_page16: PDDeployment, tmp_path):
     assert "| prefill: forward | " in proc.stdout
     assert (tmp_path / "bench_multiturn_tiny.png").stat().st_size > 1000
     dep.wait_clean()
+
+
+def test_bench_multiturn_cpu_split_puts_the_decode_step_alone(tmp_path):
+    """`--cpu-split decode-step` on a pair the benchmark starts: the main thread of decode's scheduler
+    (the one that runs the decode step) on the highest CPU; every other thread of both servers on the
+    others, including the threads that main thread starts with the first request (moved back after the
+    priming request); verified thread by thread at start and again after the run."""
+    cmd = [sys.executable, "-m", "sglang_pd.bench_multiturn", "--preset", "tiny", "--no-progress",
+           "--configs", "on", "--cpu-split", "decode-step", "--out-dir", str(tmp_path)]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((tmp_path / "bench_multiturn_tiny.json").read_text())
+    cpus = sorted(os.sched_getaffinity(0))
+    rest = cpus[:-1]
+    assert report["cpu_placement"] == {"prefill": rest, "decode": rest, "client": rest, "decode_scheduler": cpus[-1:],
+                                       "main_thread_only": True}
+    on = report["results"]["on"]
+    # launch_server + scheduler + detokenizer at least, on each server
+    assert on["placement_checked"]["prefill"] >= 3 and on["placement_checked"]["decode0"] >= 3, on["placement_checked"]
+    assert on["placement_threads_settled"] >= 1, "SGLang 0.5.23 starts a ZMQ context (2 threads) with the first request"
+    assert on["placement_checked_after_run"] == on["placement_checked"]  # checked again: nothing drifted
+    assert on["requests"] == 3 * 2 and on["failed"] == 0 and on["clean_after_run"]["clean"]
+    assert f"CPU placement: {report['cpu_placement']}" in proc.stdout
+    assert "WARNING" not in proc.stdout

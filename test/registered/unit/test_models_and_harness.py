@@ -168,3 +168,90 @@ def test_bench_decode_args_are_parsed_and_refused_in_attach_mode():
     with pytest.raises(SystemExit):
         bm.parse_args(["--prefill-url", "http://p", "--decode-url", "http://d", "--bootstrap-port", "1",
                        "--decode-arg=--disable-overlap-schedule"])
+
+
+def test_cpu_splits_put_decode_or_its_scheduler_alone_on_the_highest_cpu_and_refuse_bad_sets():
+    from sglang_pd.harness.cpu_placement import CpuPlacement, split_placement
+
+    whole = split_placement("decode", frozenset({0, 1}))
+    assert (whole.decode, whole.prefill, whole.client, whole.decode_scheduler) == ({1}, {0}, {0}, None)
+    assert whole.as_dict() == {"prefill": [0], "decode": [1], "client": [0]}
+    sched = split_placement("decode-scheduler", frozenset({0, 1}))
+    assert (sched.decode, sched.prefill, sched.client, sched.decode_scheduler) == ({0}, {0}, {0}, {1})
+    assert not sched.main_thread_only
+    step = split_placement("decode-step", frozenset({0, 1}))
+    assert (step.decode_scheduler, step.main_thread_only) == ({1}, True)
+    assert step.as_dict() == {"prefill": [0], "decode": [0], "client": [0], "decode_scheduler": [1],
+                              "main_thread_only": True}
+    with pytest.raises(ValueError, match="main_thread_only needs decode_scheduler"):
+        CpuPlacement(prefill=frozenset({0}), decode=frozenset({0}), client=frozenset({0}), main_thread_only=True)
+    with pytest.raises(ValueError, match=r"at least 2 CPUs .* \[0\]"):
+        split_placement("decode", frozenset({0}))
+    with pytest.raises(ValueError, match="unknown CPU split 'prefill'"):
+        split_placement("prefill", frozenset({0, 1}))
+    with pytest.raises(ValueError, match="decode CPUs"):
+        CpuPlacement(prefill=frozenset({0}), decode=frozenset(), client=frozenset({0}))
+    with pytest.raises(ValueError, match="decode_scheduler CPUs"):
+        CpuPlacement(prefill=frozenset({0}), decode=frozenset({0}), client=frozenset({0}),
+                     decode_scheduler=frozenset({os.cpu_count()}))
+
+
+# A server whose child titles itself as SGLang's scheduler does, and starts a thread after it is moved.
+_TITLED_SERVER = _SERVER.replace(
+    'child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])',
+    'child = subprocess.Popen([sys.executable, "-c", "import setproctitle, threading, time; '
+    'setproctitle.setproctitle(\'sglang::scheduler\'); time.sleep(3); '
+    'threading.Thread(target=time.sleep, args=(600,)).start(); time.sleep(600)"])')
+
+
+def test_a_pinned_server_and_its_children_run_only_on_their_cpus(tmp_path):
+    """The affinity set at start reaches the child the server forks; the scheduler-titled child is found
+    and moved with its threads (a thread it starts later follows); check_group verifies every thread of
+    the group and names one that runs elsewhere."""
+    from sglang_pd.harness.cpu_placement import check_group, group_pids, move_process, scheduler_pids, threads
+
+    available = os.sched_getaffinity(0)
+    assert len(available) >= 2, "this test needs 2 CPUs (CI boxes have them)"
+    low, high = frozenset({min(available)}), frozenset({max(available)})
+    port = free_port()
+    child_pid_file = tmp_path / "child.pid"
+    server = ServerProcess("toy", [sys.executable, "-c", _TITLED_SERVER, str(port), str(child_pid_file)],
+                           dict(os.environ), port, tmp_path, cpus=low)
+    server.start()
+    try:
+        server.wait_healthy(time.monotonic() + 60)
+        child = int(child_pid_file.read_text())
+        assert child in group_pids(server.proc.pid) and os.sched_getaffinity(child) == low
+        assert check_group(server.proc.pid, low, "toy") == 2
+        assert os.sched_getaffinity(0) == available, "the parent keeps its own CPUs"
+        deadline = time.monotonic() + 10
+        while scheduler_pids(server.proc.pid) != [child] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert scheduler_pids(server.proc.pid) == [child]
+        assert move_process(child, high) == 1
+        while len(threads(child)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert len(threads(child)) == 2, "the child started its second thread after the move"
+        assert check_group(server.proc.pid, low, "toy", {child: high}) == 2
+        with pytest.raises(RuntimeError, match=rf"toy: threads not on their CPUs: pid {child} thread {child} "
+                                               rf"on \[{max(available)}\] \(want \[{min(available)}\]\)"):
+            check_group(server.proc.pid, low, "toy")
+        # only the main thread moved (split decode-step): its helper thread is expected where the rest is
+        helper = [t for t in threads(child) if t != child][0]
+        os.sched_setaffinity(helper, low)
+        assert check_group(server.proc.pid, low, "toy", moved_threads={child: high}) == 2
+        with pytest.raises(RuntimeError, match=rf"pid {child} thread {helper} on \[{min(available)}\]"):
+            check_group(server.proc.pid, low, "toy", {child: high})
+    finally:
+        server.stop(grace_s=5)
+
+
+def test_bench_cpu_split_is_parsed_and_refused_in_attach_mode():
+    from sglang_pd import bench_multiturn as bm
+
+    args = bm.parse_args(["--configs", "off,on", "--cpu-split", "decode-scheduler"])
+    assert args.placement.decode_scheduler == {max(os.sched_getaffinity(0))}
+    assert bm.parse_args(["--configs", "on"]).placement is None
+    with pytest.raises(SystemExit):
+        bm.parse_args(["--prefill-url", "http://p", "--decode-url", "http://d", "--bootstrap-port", "1",
+                       "--cpu-split", "decode"])
