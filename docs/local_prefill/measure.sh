@@ -53,3 +53,16 @@ for i in 1 2 3; do
         --configs on,on+local --local-prefill-tokens 64 "${extra[@]}" --out-dir $D/decode_loop/${loop}_$i --no-progress
   done
 done
+# decode's scheduler on a CPU of its own (--cpu-split decode-scheduler) vs every process on both CPUs, alternating
+for i in 1 2 3; do
+  for place in shared decode-scheduler; do
+    extra=(); [ $place != shared ] && extra=(--cpu-split $place)
+    run $D/cpu_split/${place}_$i/bench_multiturn_short.log $PY -m sglang_pd.bench_multiturn --preset short \
+        --configs on,on+local --local-prefill-tokens 64 "${extra[@]}" --out-dir $D/cpu_split/${place}_$i --no-progress
+  done
+done
+# then only the main thread of decode's scheduler alone (--cpu-split decode-step)
+for i in 1 2 3; do
+  run $D/cpu_split/decode-step_$i/bench_multiturn_short.log $PY -m sglang_pd.bench_multiturn --preset short \
+      --configs on,on+local --local-prefill-tokens 64 --cpu-split decode-step --out-dir $D/cpu_split/decode-step_$i --no-progress
+done

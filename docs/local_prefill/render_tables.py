@@ -119,6 +119,12 @@ if __name__ == "__main__":
                  for i in (1, 2, 3) for loop in ("overlap", "normal")]
     print("\n## decode on SGLang's overlap loop (default) vs its normal loop, alternating (decode_loop/)\n")
     print(on_vs_local_table(loop_runs) + "\n\n" + pd_hop_table(loop_runs))
+    split_runs = [HERE / "cpu_split" / f"{place}_{i}" / "bench_multiturn_short.json"
+                  for i in (1, 2, 3) for place in ("shared", "decode-scheduler")] + [
+                  HERE / "cpu_split" / f"decode-step_{i}" / "bench_multiturn_short.json" for i in (1, 2, 3)]
+    print("\n## every process on both CPUs vs decode's scheduler alone on one, alternating, then its main thread "
+          "alone (cpu_split/)\n")
+    print(on_vs_local_table(split_runs) + "\n\n" + pd_hop_table(split_runs))
     print("\n## where the time goes: on's PD hop by SGLang's stages vs on+local's local path (stages/)\n")
     print(pd_hop_table(sorted((HERE / "stages").glob("run*/bench_multiturn_short.json"))))
     for path in sys.argv[1:] or [HERE / "bench_multiturn_short.json", HERE / "bench_multiturn_capacity.json",

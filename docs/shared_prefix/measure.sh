@@ -48,3 +48,25 @@ run $D/smollm2_16clients/bench_multiturn_short.log $PY -m sglang_pd.bench_multit
     --out-dir $D/smollm2_16clients --no-progress
 run docs/shared_prefix/own_kernel_ab/run.log bash docs/shared_prefix/own_kernel_ab/run.sh
 PYSPY=${PYSPY:-/tmp/tools/bin/py-spy} run $D/profile/record.log $PY $D/profile/record.py
+# decode's scheduler on a CPU of its own (--cpu-split decode-scheduler) vs every process on both CPUs, alternating;
+# then one run with the whole decode server on its own CPU (--cpu-split decode)
+for i in 1 2 3; do
+  for place in shared decode-scheduler; do
+    extra=(); [ $place != shared ] && extra=(--cpu-split $place)
+    run $D/cpu_split/${place}_$i/bench_multiturn_capacity.log $PY -m sglang_pd.bench_multiturn --preset capacity \
+        --configs off,on+shared "${extra[@]}" --out-dir $D/cpu_split/${place}_$i --no-progress
+  done
+done
+run $D/cpu_split/decode_1/bench_multiturn_capacity.log $PY -m sglang_pd.bench_multiturn --preset capacity \
+    --configs off,on+shared --cpu-split decode --out-dir $D/cpu_split/decode_1 --no-progress
+# then only the main thread of decode's scheduler alone (--cpu-split decode-step), alternating with more shared runs
+one() {  # one PLACE I
+  extra=(); [ $1 != shared ] && extra=(--cpu-split $1)
+  run $D/cpu_split/$1_$2/bench_multiturn_capacity.log $PY -m sglang_pd.bench_multiturn --preset capacity \
+      --configs off,on+shared "${extra[@]}" --out-dir $D/cpu_split/$1_$2 --no-progress
+}
+one decode-step 1; one shared 4; one decode-step 2; one shared 5; one decode-step 3; one shared 6; one decode-step 4
+# CPU time and run-queue wait of every server thread: every process on both CPUs, then decode's scheduler alone
+run $D/contention/run.log $PY $D/contention/run.py
+run $D/contention/run_decode-scheduler.log $PY $D/contention/run.py --cpu-split decode-scheduler
+run $D/contention/run_decode-step.log $PY $D/contention/run.py --cpu-split decode-step

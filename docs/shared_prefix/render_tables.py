@@ -163,6 +163,8 @@ def contention_table(name: str) -> str:
              "ran (s) | prefill scheduler ran / waited (s) | prefill's other threads ran (s) | both HTTP processes "
              "ran (s) | client CPU (s) | ITL p50 (ms) |", "|---" * 9 + "|"]
     for config, r in report.items():
+        if config == "cpu_placement":
+            continue
         dec, pre = r["servers"]["decode"], r["servers"]["prefill"]
         sched = "sglang::schedul (main thread)"
         others = "sglang::schedul (other threads)"
@@ -170,6 +172,25 @@ def contention_table(name: str) -> str:
         lines.append(f"| {config} | {r['wall_s_with_priming']:.1f} | {dec[sched]['run_s']:.2f} / {dec[sched]['run_queue_wait_s']:.2f} | "
                      f"{dec[others]['run_s']:.2f} | {pre[sched]['run_s']:.2f} / {pre[sched]['run_queue_wait_s']:.2f} | "
                      f"{pre[others]['run_s']:.2f} | {http:.2f} | {r['client_cpu_s']:.2f} | {r['itl_p50_ms']:.1f} |")
+    return "\n".join(lines)
+
+
+def cpu_split_table(names: list[str]) -> str:
+    """off vs on+shared per run with its CPU placement, and the decode step times behind the ITLs."""
+    lines = ["| run | decode scheduler's CPU | ITL p50 off / on+shared (ms) | on+shared ITL vs off | decode step, "
+             "median ms: off (all steps) / on+shared with 24-32 running | TTFT gain | throughput gain | "
+             "identical outputs |", "|---" * 8 + "|"]
+    for name in names:
+        report = load(name)
+        off, shared = report["results"]["off"], report["results"]["on+shared"]
+        place = report.get("cpu_placement")
+        where = ("shared with everything" if not place else "its main thread alone" if place.get("main_thread_only")
+                 else "with its own other threads" if "decode_scheduler" in place else "with decode's other processes")
+        lines.append(f"| {name.split('/')[-2]} | {where} | {off['itl_p50_ms']:.1f} / {shared['itl_p50_ms']:.1f} | "
+                     f"{ratio(off['itl_p50_ms'], shared['itl_p50_ms'], 'down')} | {step_at(off, 1, 64)} / "
+                     f"{step_at(shared, 24, 32)} | {off['ttft_p50_s'] / shared['ttft_p50_s']:.2f}x | "
+                     f"{shared['request_throughput'] / off['request_throughput']:.2f}x | "
+                     f"{report['identical_outputs']['counts']['on+shared']}/{report['identical_outputs']['num_outputs']} |")
     return "\n".join(lines)
 
 
@@ -192,3 +213,15 @@ if __name__ == "__main__":
     for name in ("smollm2/bench_multiturn_short.json", "smollm2_16clients/bench_multiturn_short.json"):
         print(f"\n## {name}\n\n" + capacity_table(name, [("on+shared vs on", "on+shared vs on")]))
     print("\n## contention\n\n" + contention_table("contention/contention.json"))
+    print("\n## contention, decode's scheduler alone on a CPU\n\n"
+          + contention_table("contention/contention_decode-scheduler.json"))
+    print("\n## contention, only the main thread of decode's scheduler alone on a CPU\n\n"
+          + contention_table("contention/contention_decode-step.json"))
+    print("\n## decode's scheduler alone on a CPU vs sharing both (cpu_split/, alternating), then the whole decode "
+          "server alone\n\n" + cpu_split_table([f"cpu_split/{p}_{i}/bench_multiturn_capacity.json" for i in (1, 2, 3)
+                                               for p in ("shared", "decode-scheduler")]
+                                              + ["cpu_split/decode_1/bench_multiturn_capacity.json"]))
+    step_runs = [f"cpu_split/{p}_{i}/bench_multiturn_capacity.json" for i in (1, 2, 3) for p in ("decode-step", "shared")]
+    print("\n## only the main thread of decode's scheduler alone on a CPU (decode-step), alternating with shared runs\n\n"
+          + cpu_split_table([p.replace("shared_", "shared_+").replace("_+1", "_4").replace("_+2", "_5").replace("_+3", "_6")
+                             for p in step_runs] + ["cpu_split/decode-step_4/bench_multiturn_capacity.json"]))

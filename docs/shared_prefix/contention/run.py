@@ -5,7 +5,14 @@ wait is time it was ready to run but another process held the core: the decode s
 added to its steps, hence to ITL.
 
     .venv/bin/python docs/shared_prefix/contention/run.py    # writes contention.json beside this file
+    .venv/bin/python docs/shared_prefix/contention/run.py --cpu-split decode-scheduler   # contention_decode-scheduler.json
+    .venv/bin/python docs/shared_prefix/contention/run.py --cpu-split decode-step        # contention_decode-step.json
+
+With `--cpu-split` the pairs run with that CPU placement (harness/cpu_placement.py), and this process and
+the workload client on the client CPUs.
 """
+
+import argparse
 
 import json
 import os
@@ -18,6 +25,7 @@ from pathlib import Path
 from sglang_pd.bench.slo import parse_configs
 from sglang_pd.bench_multiturn import PRESETS
 from sglang_pd.harness import DeploymentConfig, PDDeployment
+from sglang_pd.harness.cpu_placement import SPLITS, CpuPlacement, split_placement
 
 HERE = Path(__file__).parent
 
@@ -44,11 +52,12 @@ def schedstat(pids: list[int]) -> dict[str, tuple[float, float]]:
     return {name: (run, wait) for name, (run, wait) in totals.items()}
 
 
-def capacity_pair(config_name: str, extra_env: dict[str, str] | None = None) -> PDDeployment:
+def capacity_pair(config_name: str, extra_env: dict[str, str] | None = None,
+                  placement: CpuPlacement | None = None) -> PDDeployment:
     """A PD pair (not started) for one bench_multiturn configuration of the capacity preset, mooncake_tcp."""
     (config,) = parse_configs(config_name, None, None)
     deploy = dict(PRESETS["capacity"][1], transfer_backend="mooncake_tcp",
-                  env_overrides=(*config.env, *(extra_env or {}).items()))
+                  env_overrides=(*config.env, *(extra_env or {}).items()), cpu_placement=placement)
     return PDDeployment(DeploymentConfig(decode_radix=config.decode_radix,
                                          decode_attention_backend=config.decode_attention_backend,
                                          prefill_attention_backend=config.prefill_attention_backend, **deploy))
@@ -63,10 +72,14 @@ def run_capacity_workload(dep: PDDeployment, config_name: str, out: str) -> dict
     return json.loads((Path(out) / "bench_multiturn_capacity.json").read_text())["results"][config_name]
 
 
-def measure(config_name: str) -> dict:
+def measure(config_name: str, placement: CpuPlacement | None = None) -> dict:
     """One configuration on a fresh capacity pair: per-server thread CPU and waits, client CPU, ITL."""
-    dep = capacity_pair(config_name)
+    dep = capacity_pair(config_name, placement=placement)
     with dep, tempfile.TemporaryDirectory() as out:
+        if placement is not None and placement.main_thread_only:  # a first request starts the moved step
+            # thread's ZMQ threads (on its CPU); put them with the rest
+            dep.generate_pd(list(range(3, 35)), max_new_tokens=1)
+            dep.settle_placement()
         servers = {"prefill": _descendants(dep.prefill.proc.pid), "decode": _descendants(dep.decodes[0].proc.pid)}
         before = {role: schedstat(pids) for role, pids in servers.items()}
         start = time.perf_counter()
@@ -83,9 +96,20 @@ def measure(config_name: str) -> dict:
 
 
 def main() -> int:
-    report = {name: measure(name) for name in ("off", "on+shared")}
-    (HERE / "contention.json").write_text(json.dumps(report, indent=2))
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cpu-split", choices=SPLITS)
+    split = parser.parse_args().cpu_split
+    placement = split_placement(split) if split else None
+    if placement is not None:
+        os.sched_setaffinity(0, placement.client)  # inherited by the workload client
+    report = {name: measure(name, placement) for name in ("off", "on+shared")}
+    if placement is not None:
+        report = {"cpu_placement": placement.as_dict(), **report}
+    (HERE / (f"contention_{split}.json" if split else "contention.json")).write_text(json.dumps(report, indent=2))
     for name, r in report.items():
+        if name == "cpu_placement":
+            print(f"CPU placement: {r}")
+            continue
         print(f"\n{name}: ITL p50 {r['itl_p50_ms']:.1f} ms, workload {r['workload_s']:.1f} s, "
               f"client CPU {r['client_cpu_s']:.2f} s")
         for role, threads in r["servers"].items():
