@@ -9,7 +9,7 @@
     python -m sglang_pd.bench_multiturn --preset short --configs off,on,on+local --local-prefill-tokens 64 \
         --local-sweep 16,64,256 --out-dir docs/local_prefill        # decode-local prefill + threshold sweep
     python -m sglang_pd.bench_multiturn --preset capacity --configs off,on,off+shared,on+shared   # decode attention
-    python -m sglang_pd.bench_multiturn --preset capacity --configs off,on+shared --cpu-split decode-scheduler
+    python -m sglang_pd.bench_multiturn --preset capacity --configs off,on+shared --cpu-split decode-step
 
 Each configuration gets its own fresh PD deployment (started, primed with the shared system prompt,
 measured, stopped). Prints a table (TTFT p50/p90/p99, ITL, request and token throughput, decode hit
@@ -24,7 +24,8 @@ whose uncached prompt part is at most `--local-prefill-tokens` on decode (prefil
 `--local-sweep` adds one such run per threshold (threshold 0 is the `on` run). Greedy outputs of every
 configuration are compared with OFF's. `--cpu-split decode` gives the decode server a CPU of its own
 (prefill, the client and the rest share the others), `--cpu-split decode-scheduler` only decode's scheduler
-process (harness/cpu_placement.py): as far as one box can stand for two.
+process, `--cpu-split decode-step` only that process's main thread, which runs the decode step
+(harness/cpu_placement.py): as far as one box can stand for two.
 """
 
 from __future__ import annotations
@@ -86,8 +87,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "(e.g. --decode-arg=--disable-overlap-schedule); one the harness sets itself is refused")
     p.add_argument("--cpu-split", choices=SPLITS,
                    help="decode: every configuration's decode server alone on the highest CPU; decode-scheduler: "
-                        "only its scheduler process there; prefill, this client and the rest on the others "
-                        "(Linux affinity, checked on every thread of every server process)")
+                        "only its scheduler process there; decode-step: only that process's main thread; prefill, "
+                        "this client and the rest on the others (Linux affinity, checked on every thread of every "
+                        "server process at start and after the run)")
     for name in WORKLOAD_FLAGS:
         kind = {"request_rate": float, "round_barrier": None}.get(name, int)
         flag = "--" + name.replace("_", "-")

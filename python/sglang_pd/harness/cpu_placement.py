@@ -19,6 +19,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from sglang_pd.harness.server import group_pids
+
 SPLITS = ("decode", "decode-scheduler", "decode-step")
 SCHEDULER_TITLE = "sglang::scheduler"  # the process title SGLang's scheduler process sets for itself
 
@@ -68,22 +70,6 @@ def split_placement(split: str, available: frozenset[int] | None = None) -> CpuP
         return CpuPlacement(prefill=rest, decode=alone, client=rest)
     return CpuPlacement(prefill=rest, decode=rest, client=rest, decode_scheduler=alone,
                         main_thread_only=split == "decode-step")
-
-
-def group_pids(pgid: int) -> list[int]:
-    """Live processes whose process group is `pgid` (Linux /proc)."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue  # exited while we looked
-        # fields after the parenthesised command: state ppid pgrp ...
-        if int(stat.rsplit(")", 1)[1].split()[2]) == pgid:
-            pids.append(int(entry.name))
-    return sorted(pids)
 
 
 def threads(pid: int) -> list[int]:

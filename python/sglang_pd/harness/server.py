@@ -59,6 +59,22 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
+def group_pids(pgid: int) -> list[int]:
+    """Live processes (zombies excluded) whose process group is `pgid` (Linux /proc), ascending."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # fields after the parenthesised command: state ppid pgrp ...
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited while we looked
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
 def log_tail(path: Path, num_lines: int = 40) -> str:
     """The last `num_lines` lines of a log file ('' if it does not exist)."""
     if not path.exists():

@@ -16,6 +16,8 @@ import pytest
 
 from conftest import record_figures
 
+from sglang_pd.harness.server import group_pids
+
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -42,24 +44,9 @@ def _port_free(port: int) -> bool:
         return sock.connect_ex(("127.0.0.1", port)) != 0
 
 
-def _group(pgid: int) -> list[int]:
-    """PIDs (zombies excluded) whose process group is `pgid`."""
-    members = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry.name))
-    return members
-
-
 def _leftovers(pgid: int) -> list[int]:
     deadline = time.monotonic() + GRACE_S
-    while (alive := _group(pgid)) and time.monotonic() < deadline:
+    while (alive := group_pids(pgid)) and time.monotonic() < deadline:
         time.sleep(0.5)
     return alive
 

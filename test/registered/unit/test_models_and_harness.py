@@ -208,7 +208,8 @@ def test_a_pinned_server_and_its_children_run_only_on_their_cpus(tmp_path):
     """The affinity set at start reaches the child the server forks; the scheduler-titled child is found
     and moved with its threads (a thread it starts later follows); check_group verifies every thread of
     the group and names one that runs elsewhere."""
-    from sglang_pd.harness.cpu_placement import check_group, group_pids, move_process, scheduler_pids, threads
+    from sglang_pd.harness.cpu_placement import check_group, move_process, scheduler_pids, threads
+    from sglang_pd.harness.server import group_pids
 
     available = os.sched_getaffinity(0)
     assert len(available) >= 2, "this test needs 2 CPUs (CI boxes have them)"
