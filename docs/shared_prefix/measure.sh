@@ -66,6 +66,7 @@ one() {  # one PLACE I
       --configs off,on+shared "${extra[@]}" --out-dir $D/cpu_split/$1_$2 --no-progress
 }
 one decode-step 1; one shared 4; one decode-step 2; one shared 5; one decode-step 3; one shared 6; one decode-step 4
+one shared 7; one decode-step 5; one shared 8; one decode-step 6
 # CPU time and run-queue wait of every server thread: every process on both CPUs, then decode's scheduler alone
 run $D/contention/run.log $PY $D/contention/run.py
 run $D/contention/run_decode-scheduler.log $PY $D/contention/run.py --cpu-split decode-scheduler

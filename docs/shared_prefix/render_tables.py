@@ -221,7 +221,7 @@ if __name__ == "__main__":
           "server alone\n\n" + cpu_split_table([f"cpu_split/{p}_{i}/bench_multiturn_capacity.json" for i in (1, 2, 3)
                                                for p in ("shared", "decode-scheduler")]
                                               + ["cpu_split/decode_1/bench_multiturn_capacity.json"]))
-    step_runs = [f"cpu_split/{p}_{i}/bench_multiturn_capacity.json" for i in (1, 2, 3) for p in ("decode-step", "shared")]
+    step_runs = ["decode-step_1", "shared_4", "decode-step_2", "shared_5", "decode-step_3", "shared_6", "decode-step_4",
+                 "shared_7", "decode-step_5", "shared_8", "decode-step_6"]  # in the order they ran
     print("\n## only the main thread of decode's scheduler alone on a CPU (decode-step), alternating with shared runs\n\n"
-          + cpu_split_table([p.replace("shared_", "shared_+").replace("_+1", "_4").replace("_+2", "_5").replace("_+3", "_6")
-                             for p in step_runs] + ["cpu_split/decode-step_4/bench_multiturn_capacity.json"]))
+          + cpu_split_table([f"cpu_split/{run}/bench_multiturn_capacity.json" for run in step_runs]))
