@@ -131,6 +131,7 @@ class PDDeployment:
         self.headers = auth_headers(config.api_key)  # on every request the harness sends
         self.port_rebinds: list[tuple[str, int, int]] = []  # (server, taken port, new port)
         self.placement_checked: dict[str, int] = {}  # server -> processes verified on its CPUs
+        self._placed: list[ServerProcess] = []  # servers, router and launchers started with a placement
         # each decode scheduler start() moved: process id (or, main_thread_only, its main thread's id) -> CPUs
         self._moved_processes: dict[int, frozenset[int]] = {}
         self._moved_threads: dict[int, frozenset[int]] = {}
@@ -214,7 +215,7 @@ class PDDeployment:
                 else:
                     move_process(pids[0], place.decode_scheduler)
                     self._moved_processes[pids[0]] = place.decode_scheduler
-            self.placement_checked[proc.name] = 0
+            self._placed.append(proc)
         self.check_placement()
 
     def settle_placement(self) -> int:
@@ -224,16 +225,20 @@ class PDDeployment:
         moved = 0
         for main, cpus in self._moved_threads.items():
             for tid in threads(main):
-                if tid != main and frozenset(os.sched_getaffinity(tid)) == cpus:
-                    os.sched_setaffinity(tid, self.config.cpu_placement.decode)
-                    moved += 1
+                try:
+                    if tid != main and frozenset(os.sched_getaffinity(tid)) == cpus:
+                        os.sched_setaffinity(tid, self.config.cpu_placement.decode)
+                        moved += 1
+                except ProcessLookupError:
+                    pass  # the thread ended
         return moved
 
     def check_placement(self) -> dict[str, int]:
-        """Raise RuntimeError naming any thread of a placed server or router (children included) allowed on
-        other CPUs than its role's (a moved scheduler: its new ones); mutates nothing. Returns, and records
-        in `placement_checked`, how many processes were checked per server ({} without a placement)."""
-        for proc in [p for p in [self.router, *self.servers] if p is not None and p.name in self.placement_checked]:
+        """Raise RuntimeError naming any thread of a placed server, router or launcher still running
+        (children included) allowed on other CPUs than its role's (a moved scheduler: its new ones);
+        moves nothing. Returns, and records in `placement_checked`, how many processes were checked per
+        server ({} without a placement)."""
+        for proc in [p for p in self._placed if p.is_running()]:
             self.placement_checked[proc.name] = check_group(proc.proc.pid, proc.cpus, proc.name,
                                                             self._moved_processes, self._moved_threads)
         return dict(self.placement_checked)

@@ -256,3 +256,31 @@ def test_bench_cpu_split_is_parsed_and_refused_in_attach_mode():
     with pytest.raises(SystemExit):
         bm.parse_args(["--prefill-url", "http://p", "--decode-url", "http://d", "--bootstrap-port", "1",
                        "--cpu-split", "decode"])
+
+
+def test_a_deployment_checks_the_placement_of_a_router_it_starts(tmp_path):
+    """`_apply_placement` on a router-like process (started by the deployment, not yet `dep.router`, as in
+    `_start_routing`) checks it at once, and `check_placement` later names a thread that left its CPUs."""
+    from sglang_pd.harness import DeploymentConfig, PDDeployment
+    from sglang_pd.harness.cpu_placement import split_placement
+
+    available = os.sched_getaffinity(0)
+    assert len(available) >= 2, "this test needs 2 CPUs (CI boxes have them)"
+    place = split_placement("decode-step", frozenset(available))
+    dep = PDDeployment(DeploymentConfig(cpu_placement=place, log_dir=tmp_path))
+    port = free_port()
+    child_pid_file = tmp_path / "child.pid"
+    router = ServerProcess("router", [sys.executable, "-c", _SERVER, str(port), str(child_pid_file)],
+                           dict(os.environ), port, tmp_path, cpus=place.client)
+    router.start()
+    try:
+        router.wait_healthy(time.monotonic() + 60)
+        assert dep.router is None
+        dep._apply_placement([router])
+        assert dep.placement_checked == {"router": 2}
+        os.sched_setaffinity(int(child_pid_file.read_text()), place.decode_scheduler)
+        with pytest.raises(RuntimeError, match="router: threads not on their CPUs"):
+            dep.check_placement()
+    finally:
+        router.stop(grace_s=5)
+    assert dep.check_placement() == {"router": 2}, "a stopped process is no longer checked"
