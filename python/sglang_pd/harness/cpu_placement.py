@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from sglang_pd.harness.server import group_pids
+from sglang_pd.harness.server import ServerProcess, group_pids
 
 SPLITS = ("decode", "decode-scheduler", "decode-step")
 SCHEDULER_TITLE = "sglang::scheduler"  # the process title SGLang's scheduler process sets for itself
@@ -127,3 +127,69 @@ def check_group(pgid: int, cpus: frozenset[int], name: str, moved_processes: dic
     if wrong or not checked:
         raise RuntimeError(f"{name}: threads not on their CPUs: {', '.join(wrong) or 'no process found'}")
     return checked
+
+
+class PlacementKeeper:
+    """What one deployment placed: the processes it started on a placement's CPUs, the decode schedulers
+    (or their main threads) it moved, and the checks that every thread is where it was put. Owned by one
+    PDDeployment; not thread-safe (the harness calls it from one thread)."""
+
+    def __init__(self, placement: CpuPlacement):
+        self.placement = placement
+        self.checked: dict[str, int] = {}  # process name -> processes verified on its CPUs (last check)
+        self._placed: list[ServerProcess] = []  # servers, router and launchers started with a placement
+        self._moved: dict[str, int] = {}  # decode server name -> the scheduler pid (or main thread id) moved
+        # moved scheduler: process id (or, main_thread_only, its main thread's id) -> CPUs
+        self._moved_processes: dict[int, frozenset[int]] = {}
+        self._moved_threads: dict[int, frozenset[int]] = {}
+
+    def apply(self, proc: ServerProcess, is_decode: bool) -> None:
+        """Take on `proc` (running, healthy, started on its role's CPUs): a decode server's scheduler
+        process (main_thread_only: its main thread) moves to `decode_scheduler` when that is set. Raises
+        RuntimeError unless exactly one scheduler process is found; call `check` after."""
+        place = self.placement
+        if is_decode and place.decode_scheduler is not None:
+            pids = scheduler_pids(proc.proc.pid)
+            if len(pids) != 1:
+                raise RuntimeError(f"{proc.name}: expected one SGLang scheduler process to move to CPUs "
+                                   f"{sorted(place.decode_scheduler)}, found {pids}")
+            if place.main_thread_only:  # its id is the process id; threads it starts later follow it
+                os.sched_setaffinity(pids[0], place.decode_scheduler)
+                self._moved_threads[pids[0]] = place.decode_scheduler
+            else:
+                move_process(pids[0], place.decode_scheduler)
+                self._moved_processes[pids[0]] = place.decode_scheduler
+            self._moved[proc.name] = pids[0]
+        self._placed.append(proc)
+
+    def forget(self, proc: ServerProcess) -> None:
+        """Drop `proc` and what was moved of it (before it restarts: its new processes are placed anew)."""
+        self._placed = [p for p in self._placed if p is not proc]
+        self.checked.pop(proc.name, None)
+        moved = self._moved.pop(proc.name, None)
+        self._moved_processes.pop(moved, None)
+        self._moved_threads.pop(moved, None)
+
+    def settle(self) -> int:
+        """Move back to the decode CPUs the threads a moved main thread (split decode-step) has started
+        since (they inherit its CPUs; SGLang 0.5.23 starts a ZMQ context, 2 threads, with the first
+        request). Returns how many threads were moved."""
+        moved = 0
+        for main, cpus in self._moved_threads.items():
+            for tid in threads(main):
+                try:
+                    if tid != main and frozenset(os.sched_getaffinity(tid)) == cpus:
+                        os.sched_setaffinity(tid, self.placement.decode)
+                        moved += 1
+                except ProcessLookupError:
+                    pass  # the thread ended
+        return moved
+
+    def check(self) -> dict[str, int]:
+        """Raise RuntimeError naming any thread of a placed process still running (children included)
+        allowed on other CPUs than its role's (a moved scheduler: its new ones); moves nothing. Returns,
+        and records in `checked`, how many processes were checked per placed process."""
+        for proc in [p for p in self._placed if p.is_running()]:
+            self.checked[proc.name] = check_group(proc.proc.pid, proc.cpus, proc.name,
+                                                  self._moved_processes, self._moved_threads)
+        return dict(self.checked)

@@ -14,7 +14,7 @@ from pathlib import Path
 import requests
 
 from sglang_pd.harness.cpu_env import cpu_server_args, server_env
-from sglang_pd.harness.cpu_placement import CpuPlacement, check_group, move_process, scheduler_pids, threads
+from sglang_pd.harness.cpu_placement import CpuPlacement, PlacementKeeper
 from sglang_pd.harness import upstream_state
 from sglang_pd.harness.test_logs import write_private_file
 from sglang_pd.harness.server import ServerProcess, ServerStartError, free_port, wait_healthy_rebinding
@@ -54,8 +54,8 @@ class DeploymentConfig:
     decode_attention_backend: str = "torch_native"   # or sglang_pd_shared_prefix (registered by the plugin)
     prefill_attention_backend: str = "torch_native"  # the plain server always runs torch_native
     api_key: str | None = None     # SGLang's --api-key on every server and the router; the harness sends it
-    # CPUs per role (cpu_placement.py), applied and checked by start(); None: every process on every CPU.
-    # ServerProcess.restart keeps a server's CPUs but does not move decode's scheduler again.
+    # CPUs per role (cpu_placement.py), applied and checked by start() and PDDeployment.restart (not by
+    # ServerProcess.restart alone, which keeps a server's CPUs but moves no scheduler); None: every CPU.
     cpu_placement: CpuPlacement | None = None
 
     def __post_init__(self):
@@ -130,11 +130,7 @@ class PDDeployment:
         self.router: ServerProcess | None = None
         self.headers = auth_headers(config.api_key)  # on every request the harness sends
         self.port_rebinds: list[tuple[str, int, int]] = []  # (server, taken port, new port)
-        self.placement_checked: dict[str, int] = {}  # server -> processes verified on its CPUs
-        self._placed: list[ServerProcess] = []  # servers, router and launchers started with a placement
-        # each decode scheduler start() moved: process id (or, main_thread_only, its main thread's id) -> CPUs
-        self._moved_processes: dict[int, frozenset[int]] = {}
-        self._moved_threads: dict[int, frozenset[int]] = {}
+        self._placement = PlacementKeeper(place) if place else None
 
     # ---- argv -------------------------------------------------------------------------------------
     def _common_args(self, max_total_tokens: int, attention_backend: str = "torch_native") -> list[str]:
@@ -197,51 +193,39 @@ class PDDeployment:
         """Wait for `server`, moving it to a new port if its own was taken (recorded in `port_rebinds`)."""
         self.port_rebinds += [(server.name, old, new) for old, new in wait_healthy_rebinding(server, deadline)]
 
+    @property
+    def placement_checked(self) -> dict[str, int]:
+        """Process name -> processes verified on its CPUs by the last check ({} without a placement)."""
+        return dict(self._placement.checked) if self._placement else {}
+
     def _apply_placement(self, procs: list[ServerProcess]) -> None:
-        """With a CPU placement: move each decode server's scheduler process to `decode_scheduler` (when
-        set), then check every started process (`check_placement`)."""
-        place = self.config.cpu_placement
+        """With a CPU placement: take on each of `procs` started on a placement's CPUs (a decode server's
+        scheduler moved to `decode_scheduler` when set), then check every placed process."""
         for proc in procs:
-            if proc.cpus is None:
-                continue
-            if proc in self.decodes and place.decode_scheduler is not None:
-                pids = scheduler_pids(proc.proc.pid)
-                if len(pids) != 1:
-                    raise RuntimeError(f"{proc.name}: expected one SGLang scheduler process to move to CPUs "
-                                       f"{sorted(place.decode_scheduler)}, found {pids}")
-                if place.main_thread_only:  # its id is the process id; threads it starts later follow it
-                    os.sched_setaffinity(pids[0], place.decode_scheduler)
-                    self._moved_threads[pids[0]] = place.decode_scheduler
-                else:
-                    move_process(pids[0], place.decode_scheduler)
-                    self._moved_processes[pids[0]] = place.decode_scheduler
-            self._placed.append(proc)
-        self.check_placement()
+            if proc.cpus is not None:
+                self._placement.apply(proc, is_decode=proc in self.decodes)
+        if self._placement:
+            self._placement.check()
 
     def settle_placement(self) -> int:
         """Move back to the decode CPUs the threads a moved main thread (split decode-step) has started
-        since (they inherit its CPUs; SGLang 0.5.23 starts a ZMQ context, 2 threads, with the first request).
-        Returns how many threads were moved. Call it after a first request, then `check_placement`."""
-        moved = 0
-        for main, cpus in self._moved_threads.items():
-            for tid in threads(main):
-                try:
-                    if tid != main and frozenset(os.sched_getaffinity(tid)) == cpus:
-                        os.sched_setaffinity(tid, self.config.cpu_placement.decode)
-                        moved += 1
-                except ProcessLookupError:
-                    pass  # the thread ended
-        return moved
+        since (SGLang 0.5.23 starts 2 ZMQ threads with the first request). Returns how many threads were
+        moved (0 without a placement). Call it after a first request, then `check_placement`."""
+        return self._placement.settle() if self._placement else 0
 
     def check_placement(self) -> dict[str, int]:
         """Raise RuntimeError naming any thread of a placed server, router or launcher still running
-        (children included) allowed on other CPUs than its role's (a moved scheduler: its new ones);
-        moves nothing. Returns, and records in `placement_checked`, how many processes were checked per
-        server ({} without a placement)."""
-        for proc in [p for p in self._placed if p.is_running()]:
-            self.placement_checked[proc.name] = check_group(proc.proc.pid, proc.cpus, proc.name,
-                                                            self._moved_processes, self._moved_threads)
-        return dict(self.placement_checked)
+        (children included) allowed on other CPUs than its role's; moves nothing. Returns how many
+        processes were checked per placed process ({} without a placement)."""
+        return self._placement.check() if self._placement else {}
+
+    def restart(self, server: ServerProcess, deadline: float) -> None:
+        """Restart `server` (same argv, env, port; see ServerProcess.restart) and wait for its health; with
+        a CPU placement its new processes are placed again (a decode server's new scheduler moved) and checked."""
+        if self._placement:
+            self._placement.forget(server)
+        server.restart(deadline)
+        self._apply_placement([server])
 
     def _check_plugin_loaded(self) -> None:
         """Raise ServerStartError naming a server whose sglang_pd state is not the configured one

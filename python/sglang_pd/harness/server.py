@@ -187,7 +187,8 @@ class ServerProcess:
             self.proc.wait(timeout=30)
 
     def restart(self, deadline: float) -> None:
-        """Start this server again (same argv, env and port) after it stopped or died; wait for health."""
+        """Start this server again (same argv, env and port) after it stopped or died; wait for health.
+        Its CPUs are kept; a deployment's scheduler move is redone by PDDeployment.restart, not here."""
         self.stop(grace_s=0)
         self.proc = None
         self.start()

@@ -117,7 +117,7 @@ def _crash_prefill_midway(dep: PDDeployment, stats: dict, lock: threading.Lock, 
         time.sleep(0.2)
     start = time.monotonic()
     dep.prefill.kill()
-    dep.prefill.restart(time.monotonic() + 300)
+    dep.restart(dep.prefill, time.monotonic() + 300)
     return time.monotonic() - start
 
 

@@ -58,7 +58,7 @@ def test_decode_killed_under_load_leaves_prefill_clean(pd_mortal: PDDeployment):
     assert _busy(reports["prefill"]) == 0 and reports["prefill"]["integrity"]["in_flight_tokens"] == 0
     print(f"\nDECODE DEATH prefill held {in_prefill} request(s) at the kill; {len(failed)}/{len(jobs)} failed; "
           f"prefill idle, integrity {reports['prefill']['integrity']['ok']}")
-    dep.decodes[0].restart(time.monotonic() + 300)
+    dep.restart(dep.decodes[0], time.monotonic() + 300)
     prompt = [random.Random(2).randrange(3, VOCAB_SIZE) for _ in range(40)]
     _, decoded, _ = dep.generate_pd(prompt, 8)
     assert len(decoded["output_ids"]) == 8

@@ -284,3 +284,60 @@ def test_a_deployment_checks_the_placement_of_a_router_it_starts(tmp_path):
     finally:
         router.stop(grace_s=5)
     assert dep.check_placement() == {"router": 2}, "a stopped process is no longer checked"
+
+
+# A server that is healthy only once its child has titled itself as SGLang's scheduler (as SGLang's
+# /health answers only once its scheduler runs).
+_SCHEDULER_SERVER = r"""
+import http.server, subprocess, sys
+child = subprocess.Popen([sys.executable, "-c", "import setproctitle, time; "
+                          "setproctitle.setproctitle('sglang::scheduler'); time.sleep(600)"])
+open(sys.argv[2], "a").write(f"{child.pid}\n")
+def titled():
+    try:
+        return open(f"/proc/{child.pid}/cmdline", "rb").read().startswith(b"sglang::scheduler")
+    except OSError:
+        return False
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if self.path == "/health" and titled() else 503); self.end_headers()
+    def log_message(self, *a): pass
+http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_a_restarted_decode_server_has_its_new_scheduler_moved_again(tmp_path):
+    """Split decode-scheduler: `PDDeployment.restart` of a placed decode server moves the scheduler of the
+    new run to the decode-scheduler CPU and checks it; the old scheduler's entry is dropped."""
+    from sglang_pd.harness import DeploymentConfig, PDDeployment
+    from sglang_pd.harness.cpu_placement import split_placement
+
+    available = os.sched_getaffinity(0)
+    assert len(available) >= 2, "this test needs 2 CPUs (CI boxes have them)"
+    place = split_placement("decode-scheduler", frozenset(available))
+    dep = PDDeployment(DeploymentConfig(cpu_placement=place, log_dir=tmp_path))
+    port = free_port()
+    pids_file = tmp_path / "schedulers.pid"
+    decode = ServerProcess("decode0", [sys.executable, "-c", _SCHEDULER_SERVER, str(port), str(pids_file)],
+                           dict(os.environ), port, tmp_path, cpus=place.decode)
+    dep.decodes = [decode]
+    decode.start()
+    try:
+        decode.wait_healthy(time.monotonic() + 60)
+        dep._apply_placement([decode])
+        first = int(pids_file.read_text().split()[0])
+        assert os.sched_getaffinity(first) == place.decode_scheduler
+        assert dep.placement_checked == {"decode0": 2}
+        dep.restart(decode, time.monotonic() + 60)
+        schedulers = [int(p) for p in pids_file.read_text().split()]
+        assert len(schedulers) == 2 and schedulers[1] != first, schedulers
+        assert os.sched_getaffinity(schedulers[1]) == place.decode_scheduler, "the new scheduler was moved"
+        assert os.sched_getaffinity(decode.proc.pid) == place.decode, "the server itself kept its CPUs"
+        assert dep.placement_checked == {"decode0": 2}
+        assert dep._placement._moved == {"decode0": schedulers[1]}
+        assert set(dep._placement._moved_processes) == {schedulers[1]}, "the old scheduler's entry is dropped"
+        os.sched_setaffinity(schedulers[1], place.decode)
+        with pytest.raises(RuntimeError, match=rf"decode0: threads not on their CPUs: pid {schedulers[1]}"):
+            dep.check_placement()
+    finally:
+        decode.stop(grace_s=5)
