@@ -46,6 +46,7 @@ def summarize(records: list[RequestRecord], duration_s: float, transfer: dict | 
     return {
         "requests": len(records), "failed": len(records) - len(ok) - rejected,
         "ttft_p50_s": percentile(ttft, 50), "ttft_p90_s": percentile(ttft, 90), "ttft_p99_s": percentile(ttft, 99),
+        "ttft_mean_s": statistics.fmean(ttft) if ttft else 0.0,
         "itl_mean_ms": 1000 * statistics.fmean(itl) if itl else 0.0, "itl_p50_ms": 1000 * percentile(itl, 50),
         "itl_p90_ms": 1000 * percentile(itl, 90),
         "request_throughput": len(ok) / duration_s if duration_s else 0.0,
@@ -182,6 +183,31 @@ def format_local_stages(results: dict[str, dict]) -> str:
     return _stage_table("decode-local requests (sglang_pd's records), p50 / p90 ms", names,
                         [(label, [f"{b[key]['p50']:.1f} / {b[key]['p90']:.1f}" for b in breakdowns])
                          for key, label in LOCAL_STAGES])
+
+
+def ttft_split(result: dict) -> dict | None:
+    """A run's mean TTFT split at decode's tokenizer manager, in ms: `client` (the benchmark's clock),
+    `decode_server` (SGLang's TTFT histogram on decode: request received by its tokenizer manager ->
+    first token back from the scheduler; the scheduler's work and the ZMQ hops to it and from it) and
+    `http_and_client` (the rest: the client's send and parse, HTTP in and out, the tokenizer manager's
+    streaming write). None when decode observed no first token in the run (metrics off)."""
+    count = result.get("sglang_decode_ttft_count") or 0
+    if count <= 0 or not result.get("ttft_mean_s"):
+        return None
+    client, server = 1000 * result["ttft_mean_s"], 1000 * result["sglang_decode_ttft_sum_s"] / count
+    return {"client": round(client, 3), "decode_server": round(server, 3),
+            "http_and_client": round(client - server, 3), "count": int(count)}
+
+
+def format_ttft_split(results: dict[str, dict]) -> str:
+    """Markdown table of `ttft_split` per configuration that has one; empty when none has."""
+    splits = {n: ttft_split(r) for n, r in results.items()}
+    names = [n for n, split in splits.items() if split]
+    rows = [("client TTFT", "client"),
+            ("decode's tokenizer manager: request in -> first token back (SGLang's TTFT histogram)", "decode_server"),
+            ("the rest: client, HTTP in and out, the streaming write", "http_and_client")]
+    return _stage_table("TTFT, mean ms", names, [(label, [f"{splits[n][key]:.1f}" for n in names])
+                                                 for label, key in rows])
 
 
 def _stage_table(title: str, names: list[str], rows: list[tuple[str, list[str]]]) -> str:

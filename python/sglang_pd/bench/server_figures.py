@@ -22,6 +22,10 @@ UPSTREAM = {
     "sglang_retracted_requests": ("decode", "sglang:num_retracted_requests_total"),
     "sglang_eviction_passes": ("decode", "sglang:eviction_duration_seconds_count"),
     "sglang_evicted_tokens": ("decode", "sglang:evicted_tokens_total"),
+    # decode's tokenizer manager: request received -> first token received back from the scheduler
+    # (SGLang's TTFT histogram; a PD prefill server never observes it)
+    "sglang_decode_ttft_sum_s": ("decode", "sglang:time_to_first_token_seconds_sum"),
+    "sglang_decode_ttft_count": ("decode", "sglang:time_to_first_token_seconds_count"),
 }
 # sglang_pd decode counters (PDCounters names) reported per run
 PLUGIN_DECODE = ("decode_retractions_total", "resume_requests_total", "resume_backup_tokens_total",

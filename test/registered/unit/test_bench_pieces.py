@@ -157,3 +157,20 @@ def test_stage_latencies_refuse_a_stage_sample_without_its_label():
                                        'sglang:queue_time_seconds_sum 0.5\nsglang:queue_time_seconds_count 2.0\n'
                                        'sglang:per_stage_req_latency_seconds_count{model_name="a b",stage="s"} 3.0')
     assert unlabelled["queue_time"] == (0.5, 2.0) and unlabelled["s"] == (0.0, 3.0)
+
+
+def test_ttft_split_at_decodes_tokenizer_manager():
+    """The client's mean TTFT minus decode's tokenizer-manager mean (SGLang's histogram delta) is what the
+    HTTP path and the client add; no split without first tokens observed on decode."""
+    from sglang_pd.bench.report import format_ttft_split, ttft_split
+
+    records = [RequestRecord(0, 0, StreamResult(ok=True, prompt_len=10, output_ids=[1, 2], ttft_s=t, itl_s=[0.005]))
+               for t in (0.030, 0.050)]
+    result = summarize(records, 1.0, None)
+    assert result["ttft_mean_s"] == pytest.approx(0.040)
+    result.update(sglang_decode_ttft_sum_s=0.050, sglang_decode_ttft_count=2)
+    assert ttft_split(result) == {"client": 40.0, "decode_server": 25.0, "http_and_client": 15.0, "count": 2}
+    table = format_ttft_split({"on": result, "off": dict(result, sglang_decode_ttft_count=0)})
+    assert table.splitlines()[0] == "| TTFT, mean ms | on |", "a run without decode's first tokens has no column"
+    assert "| the rest: client, HTTP in and out, the streaming write | 15.0 |" in table
+    assert format_ttft_split({"off": dict(result, sglang_decode_ttft_count=0)}) == ""
