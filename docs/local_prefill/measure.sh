@@ -66,3 +66,13 @@ for i in 1 2 3; do
   run $D/cpu_split/decode-step_$i/bench_multiturn_short.log $PY -m sglang_pd.bench_multiturn --preset short \
       --configs on,on+local --local-prefill-tokens 64 --cpu-split decode-step --out-dir $D/cpu_split/decode-step_$i --no-progress
 done
+# runs 18-25: 2026-11-26, main after eb353e7 (no product code changed since the runs above)
+for i in 18 19 20 21 22 23 24 25; do
+  run $D/repeats/run$i/bench_multiturn_short.log $PY -m sglang_pd.bench_multiturn --preset short --configs on,on+local \
+      --local-prefill-tokens 64 --out-dir $D/repeats/run$i --no-progress
+done
+# then with the TTFT split at decode's tokenizer manager in the report (same command, new table)
+for i in 1 2 3; do
+  run $D/ttft_split/run$i/bench_multiturn_short.log $PY -m sglang_pd.bench_multiturn --preset short --configs on,on+local \
+      --local-prefill-tokens 64 --out-dir $D/ttft_split/run$i --no-progress
+done

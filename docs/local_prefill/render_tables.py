@@ -62,6 +62,25 @@ def sweep_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def ttft_split_table(paths: list[Path]) -> str:
+    """Mean TTFT at the client vs at decode's tokenizer manager (bench/report.ttft_split), on and on+local,
+    one row per run."""
+    from sglang_pd.bench.report import ttft_split
+
+    lines = ["| run | client TTFT, mean ms: on / on+local | decode's tokenizer manager (SGLang's TTFT histogram) "
+             "| the rest: client, HTTP in and out | on+local's local path inside decode's scheduler, p50 |",
+             "|---|---|---|---|---|"]
+    for path in paths:
+        results = json.loads(path.read_text())["results"]
+        on, local = ttft_split(results["on"]), ttft_split(results["on+local"])
+        inside = sum(results["on+local"]["decode_local_prefill"][k]["p50"]
+                     for k in ("admitted_ms", "queued_ms", "extend_to_join_ms"))
+        lines.append(f"| {path.parent.relative_to(HERE)} | {on['client']:.1f} / {local['client']:.1f} | "
+                     f"{on['decode_server']:.1f} / {local['decode_server']:.1f} | "
+                     f"{on['http_and_client']:.1f} / {local['http_and_client']:.1f} | {inside:.1f} |")
+    return "\n".join(lines)
+
+
 def on_vs_local_table(paths: list[Path]) -> str:
     """TTFT p50 and ITL p50, on vs on+local, one row per run (the goals' two ratios)."""
     lines = ["| run | TTFT p50 on / on+local (s) | TTFT gain | ITL p50 on / on+local (ms) | on+local ITL vs on "
@@ -125,6 +144,11 @@ if __name__ == "__main__":
     print("\n## every process on both CPUs vs decode's scheduler alone on one, alternating, then its main thread "
           "alone (cpu_split/)\n")
     print(on_vs_local_table(split_runs) + "\n\n" + pd_hop_table(split_runs))
+    print("\n## runs 18-25 (repeats/, 2026-11-26, main after eb353e7; 18-21 ran beside a read-only audit of the README)\n")
+    print(on_vs_local_table([HERE / "repeats" / f"run{i}" / "bench_multiturn_short.json" for i in range(18, 26)]))
+    split_paths = [HERE / "ttft_split" / f"run{i}" / "bench_multiturn_short.json" for i in (1, 2, 3)]
+    print("\n## TTFT at the client vs at decode's tokenizer manager (ttft_split/)\n")
+    print(on_vs_local_table(split_paths) + "\n\n" + ttft_split_table(split_paths))
     print("\n## where the time goes: on's PD hop by SGLang's stages vs on+local's local path (stages/)\n")
     print(pd_hop_table(sorted((HERE / "stages").glob("run*/bench_multiturn_short.json"))))
     for path in sys.argv[1:] or [HERE / "bench_multiturn_short.json", HERE / "bench_multiturn_capacity.json",

@@ -37,6 +37,11 @@ run $D/repeats/run9/bench_multiturn_capacity.log $PY -m sglang_pd.bench_multitur
 # run 10, with an ITL-target configuration beside it (target chosen below off's usual ITL before the run)
 run $D/itl_target/bench_multiturn_capacity.log $PY -m sglang_pd.bench_multiturn --preset capacity \
     --configs off,on+shared,on+shared+itl --itl-target-ms 15 --out-dir $D/itl_target --no-progress
+# runs 11-14: 2026-11-26, main after eb353e7 (no product code changed since the split runs of cpu_split/)
+for i in 11 12 13 14; do
+  run $D/repeats/run$i/bench_multiturn_capacity.log $PY -m sglang_pd.bench_multiturn --preset capacity \
+      --configs off,on+shared --out-dir $D/repeats/run$i --no-progress
+done
 run $D/smollm2/bench_multiturn_short.log $PY -m sglang_pd.bench_multiturn --model smollm2 --preset short --num-clients 4 \
     --num-rounds 3 --max-new-tokens 16 --transfer-backend nixl --page-size 16 --configs on,on+shared \
     --out-dir $D/smollm2 --no-progress

@@ -207,7 +207,8 @@ if __name__ == "__main__":
     print("\n## counters on+shared\n\n" + json.dumps(counters("bench_multiturn_capacity.json", "on+shared")))
     print("\n## repeats\n\n" + repeats_table(["bench_multiturn_capacity.json"] + [
         f"repeats/run{i}/bench_multiturn_capacity.json" for i in (2, 3, 4, 5, 6, 7, 8, 9)] + [
-        "itl_target/bench_multiturn_capacity.json"]))
+        "itl_target/bench_multiturn_capacity.json"] + [
+        f"repeats/run{i}/bench_multiturn_capacity.json" for i in (11, 12, 13, 14)]))
     print("\n## itl_target (run 10 with an ITL-target configuration beside it)\n\n"
           + goals_table("itl_target/bench_multiturn_capacity.json"))
     for name in ("smollm2/bench_multiturn_short.json", "smollm2_16clients/bench_multiturn_short.json"):
