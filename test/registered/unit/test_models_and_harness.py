@@ -258,20 +258,26 @@ def test_bench_cpu_split_is_parsed_and_refused_in_attach_mode():
                        "--cpu-split", "decode"])
 
 
-def test_a_deployment_checks_the_placement_of_a_router_it_starts(tmp_path):
-    """`_apply_placement` on a router-like process (started by the deployment, not yet `dep.router`, as in
-    `_start_routing`) checks it at once, and `check_placement` later names a thread that left its CPUs."""
+def _placed_toy(tmp_path, split: str, name: str, script: str, role: str):
+    """A deployment (never started) with CPU split `split`, and a toy server `name` (not started) running
+    `script` on `role`'s CPUs, writing its child's pid to the returned file."""
     from sglang_pd.harness import DeploymentConfig, PDDeployment
     from sglang_pd.harness.cpu_placement import split_placement
 
     available = os.sched_getaffinity(0)
     assert len(available) >= 2, "this test needs 2 CPUs (CI boxes have them)"
-    place = split_placement("decode-step", frozenset(available))
+    place = split_placement(split, frozenset(available))
     dep = PDDeployment(DeploymentConfig(cpu_placement=place, log_dir=tmp_path))
-    port = free_port()
-    child_pid_file = tmp_path / "child.pid"
-    router = ServerProcess("router", [sys.executable, "-c", _SERVER, str(port), str(child_pid_file)],
-                           dict(os.environ), port, tmp_path, cpus=place.client)
+    port, pid_file = free_port(), tmp_path / f"{name}.pid"
+    proc = ServerProcess(name, [sys.executable, "-c", script, str(port), str(pid_file)], dict(os.environ), port,
+                         tmp_path, cpus=getattr(place, role))
+    return dep, place, proc, pid_file
+
+
+def test_a_deployment_checks_the_placement_of_a_router_it_starts(tmp_path):
+    """`_apply_placement` on a router-like process (started by the deployment, not yet `dep.router`, as in
+    `_start_routing`) checks it at once, and `check_placement` later names a thread that left its CPUs."""
+    dep, place, router, child_pid_file = _placed_toy(tmp_path, "decode-step", "router", _SERVER, "client")
     router.start()
     try:
         router.wait_healthy(time.monotonic() + 60)
@@ -309,17 +315,7 @@ http.server.HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
 def test_a_restarted_decode_server_has_its_new_scheduler_moved_again(tmp_path):
     """Split decode-scheduler: `PDDeployment.restart` of a placed decode server moves the scheduler of the
     new run to the decode-scheduler CPU and checks it; the old scheduler's entry is dropped."""
-    from sglang_pd.harness import DeploymentConfig, PDDeployment
-    from sglang_pd.harness.cpu_placement import split_placement
-
-    available = os.sched_getaffinity(0)
-    assert len(available) >= 2, "this test needs 2 CPUs (CI boxes have them)"
-    place = split_placement("decode-scheduler", frozenset(available))
-    dep = PDDeployment(DeploymentConfig(cpu_placement=place, log_dir=tmp_path))
-    port = free_port()
-    pids_file = tmp_path / "schedulers.pid"
-    decode = ServerProcess("decode0", [sys.executable, "-c", _SCHEDULER_SERVER, str(port), str(pids_file)],
-                           dict(os.environ), port, tmp_path, cpus=place.decode)
+    dep, place, decode, pids_file = _placed_toy(tmp_path, "decode-scheduler", "decode0", _SCHEDULER_SERVER, "decode")
     dep.decodes = [decode]
     decode.start()
     try:
