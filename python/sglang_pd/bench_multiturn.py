@@ -43,8 +43,8 @@ from tqdm import tqdm
 
 from sglang_pd.bench.multiturn_workload import WorkloadConfig, run_workload, system_prompt
 from sglang_pd.bench.pd_client import pd_stream
-from sglang_pd.bench.report import (format_local_stages, format_stages, format_table, format_ttft_split, local_breakdown,
-                                     plot, plot_summary, summarize)
+from sglang_pd.bench.report import (format_local_stages, format_prefill_answer, format_stages, format_table,
+                                     format_ttft_split, local_breakdown, plot, plot_summary, summarize)
 from sglang_pd.bench.server_figures import ServerFigures
 from sglang_pd.bench.slo import BenchConfig, SloTargets, parse_configs, plot_pareto, plot_slo, slo_figures
 from sglang_pd.bench.start_failure import StartFailure
@@ -330,7 +330,8 @@ def main(argv=None) -> int:
         print(format_table(results))
         for title, table in (("where the time went, by SGLang's own per-stage timestamps", format_stages(results)),
                              ("where the decode-local requests' time went", format_local_stages(results)),
-                             ("TTFT at the client vs at decode's tokenizer manager", format_ttft_split(results))):
+                             ("TTFT at the client vs at decode's tokenizer manager", format_ttft_split(results)),
+                             ("when the declined prefill half answered", format_prefill_answer(results))):
             if table:
                 print(f"\n{title}:\n{table}\n")
     for name, count in identical["counts"].items():

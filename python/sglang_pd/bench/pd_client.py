@@ -38,6 +38,7 @@ class StreamResult:
     error: str = ""
     rejected: bool = False                # decode refused it at the door (HTTP 503, early rejection)
     retry_after_s: int | None = None      # what the refusal asked the client to wait
+    prefill_answer_s: float | None = None  # when prefill's half answered, from the start (None: it did not)
 
 
 def _mark_rejected(result: StreamResult, status: int, text: str, header: str | None = None) -> None:
@@ -132,6 +133,12 @@ async def _prefill_half(session: aiohttp.ClientSession, url: str, body: dict) ->
         return resp.status, await resp.text()
 
 
+def _stamp_prefill_answer(task: asyncio.Task, result: StreamResult, start: float) -> None:
+    """Done callback of the prefill half: when its answer reached the client (not when it failed)."""
+    if not task.cancelled() and task.exception() is None:
+        result.prefill_answer_s = time.perf_counter() - start
+
+
 async def pd_stream_async(prefill_url: str, decode_url: str, bootstrap_port: int, input_ids: list[int],
                           max_new_tokens: int, timeout: float = 600) -> StreamResult:
     """Run one greedy PD request on the client's loop; never raises for server-side failures (see `.error`)."""
@@ -144,6 +151,7 @@ async def pd_stream_async(prefill_url: str, decode_url: str, bootstrap_port: int
     start = time.perf_counter()
     prefill = asyncio.create_task(_prefill_half(session, prefill_url, {"input_ids": input_ids,
                                                                        "sampling_params": sampling, **pairing}))
+    prefill.add_done_callback(lambda task: _stamp_prefill_answer(task, result, start))
     try:
         await asyncio.wait_for(_stream_decode(session, decode_url, {"input_ids": input_ids, "sampling_params": sampling,
                                                                     "stream": True, **pairing}, start, result), timeout)

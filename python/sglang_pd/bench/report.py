@@ -58,9 +58,24 @@ def summarize(records: list[RequestRecord], duration_s: float, transfer: dict | 
         "local_prefill_tokens": sum(int(r.meta_info.get("decode_local_prefill_tokens", 0) or 0) for r in local),
         "ttft_p50_local_s": percentile([r.ttft_s for r in local], 50),
         "ttft_p50_pd_s": percentile([r.ttft_s for r in ok if r.meta_info.get("decode_prefill_path") != "decode_local"], 50),
+        "local_prefill_answer": prefill_answer_order(local),
         "duration_s": duration_s, "per_round": per_round,
         "errors": sorted({r.result.error for r in records if not r.result.ok and not r.result.rejected})[:5],
     }
+
+
+def prefill_answer_order(results) -> dict | None:
+    """For requests served decode-locally: how many had prefill's (declined) half answered at the client
+    before decode's first token, and the TTFT p50 of those and of the others (s). None without any."""
+    timed = [r for r in results if r.prefill_answer_s is not None]
+    if not timed:
+        return None
+    before = [r.ttft_s for r in timed if r.prefill_answer_s < r.ttft_s]
+    after = [r.ttft_s for r in timed if r.prefill_answer_s >= r.ttft_s]
+    return {"num_before": len(before), "num_timed": len(timed),
+            "ttft_p50_before_s": percentile(before, 50) if before else None,
+            "ttft_p50_after_s": percentile(after, 50) if after else None,
+            "answer_minus_ttft_p50_s": percentile([r.prefill_answer_s - r.ttft_s for r in timed], 50)}
 
 
 def _prefill_figures(transfer: dict | None) -> dict:
@@ -208,6 +223,23 @@ def format_ttft_split(results: dict[str, dict]) -> str:
             ("the rest: client, HTTP in and out, the streaming write", "http_and_client")]
     return _stage_table("TTFT, mean ms", names, [(label, [f"{splits[n][key]:.1f}" for n in names])
                                                  for label, key in rows])
+
+
+def format_prefill_answer(results: dict[str, dict]) -> str:
+    """One line per configuration with local requests timed: how many had prefill's declined half answered
+    at the client before their first token, and the TTFT p50 of those and of the others."""
+    def ms(seconds: float | None) -> str:
+        return "-" if seconds is None else f"{1000 * seconds:.1f} ms"
+
+    lines = []
+    for name, result in results.items():
+        order = result.get("local_prefill_answer")
+        if order:
+            lines.append(f"[{name}] prefill's declined half answered before decode's first token for "
+                         f"{order['num_before']} of {order['num_timed']} local requests; TTFT p50 of those "
+                         f"{ms(order['ttft_p50_before_s'])}, of the others {ms(order['ttft_p50_after_s'])}; "
+                         f"answer minus first token, p50 {ms(order['answer_minus_ttft_p50_s'])}")
+    return "\n".join(lines)
 
 
 def _stage_table(title: str, names: list[str], rows: list[tuple[str, list[str]]]) -> str:

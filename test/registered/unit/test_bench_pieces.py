@@ -174,3 +174,24 @@ def test_ttft_split_at_decodes_tokenizer_manager():
     assert table.splitlines()[0] == "| TTFT, mean ms | on |", "a run without decode's first tokens has no column"
     assert "| the rest: client, HTTP in and out, the streaming write | 15.0 |" in table
     assert format_ttft_split({"off": dict(result, sglang_decode_ttft_count=0)}) == ""
+
+
+def test_prefill_answer_order_of_local_requests():
+    """Which local requests had prefill's declined half answered before their first token, with the TTFT
+    p50 of each side; requests whose prefill half never answered are left out."""
+    from sglang_pd.bench.report import format_prefill_answer, prefill_answer_order
+
+    def local(ttft: float, answer: float | None) -> StreamResult:
+        return StreamResult(ok=True, prompt_len=10, output_ids=[1], ttft_s=ttft, prefill_answer_s=answer,
+                            meta_info={"decode_prefill_path": "decode_local"})
+
+    results = [local(0.030, 0.020), local(0.050, 0.040), local(0.040, 0.045), local(0.060, None)]
+    order = prefill_answer_order(results)
+    assert order == pytest.approx({"num_before": 2, "num_timed": 3, "ttft_p50_before_s": 0.040,
+                                   "ttft_p50_after_s": 0.040, "answer_minus_ttft_p50_s": -0.010})
+    assert prefill_answer_order([local(0.060, None)]) is None
+    summary = summarize([RequestRecord(0, 0, r) for r in results], 1.0, None)
+    assert summary["local_prefill_answer"]["num_timed"] == 3 and summary["local_requests"] == 4
+    assert format_prefill_answer({"on+local": summary}).startswith(
+        "[on+local] prefill's declined half answered before decode's first token for 2 of 3 local requests")
+    assert format_prefill_answer({"on": summarize([], 1.0, None)}) == ""
