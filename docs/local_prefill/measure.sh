@@ -76,3 +76,8 @@ for i in 1 2 3; do
   run $D/ttft_split/run$i/bench_multiturn_short.log $PY -m sglang_pd.bench_multiturn --preset short --configs on,on+local \
       --local-prefill-tokens 64 --out-dir $D/ttft_split/run$i --no-progress
 done
+# then with the client's record of when the declined prefill half answered (same command, new line)
+for i in 1 2 3; do
+  run $D/answer_order/run$i/bench_multiturn_short.log $PY -m sglang_pd.bench_multiturn --preset short --configs on,on+local \
+      --local-prefill-tokens 64 --out-dir $D/answer_order/run$i --no-progress
+done

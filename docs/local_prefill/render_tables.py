@@ -81,6 +81,19 @@ def ttft_split_table(paths: list[Path]) -> str:
     return "\n".join(lines)
 
 
+def answer_order_table(paths: list[Path]) -> str:
+    """Local requests whose declined prefill half answered at the client before their first token, per run."""
+    lines = ["| run | prefill's answer before the first token | TTFT p50 of those / of the others (ms) "
+             "| answer minus first token, p50 (ms) |", "|---|---|---|---|"]
+    for path in paths:
+        order = json.loads(path.read_text())["results"]["on+local"]["local_prefill_answer"]
+        after = order["ttft_p50_after_s"]
+        lines.append(f"| {path.parent.relative_to(HERE)} | {order['num_before']} of {order['num_timed']} | "
+                     f"{1000 * order['ttft_p50_before_s']:.1f} / {'-' if after is None else f'{1000 * after:.1f}'} | "
+                     f"{1000 * order['answer_minus_ttft_p50_s']:.1f} |")
+    return "\n".join(lines)
+
+
 def on_vs_local_table(paths: list[Path]) -> str:
     """TTFT p50 and ITL p50, on vs on+local, one row per run (the goals' two ratios)."""
     lines = ["| run | TTFT p50 on / on+local (s) | TTFT gain | ITL p50 on / on+local (ms) | on+local ITL vs on "
@@ -149,6 +162,9 @@ if __name__ == "__main__":
     split_paths = [HERE / "ttft_split" / f"run{i}" / "bench_multiturn_short.json" for i in (1, 2, 3)]
     print("\n## TTFT at the client vs at decode's tokenizer manager (ttft_split/)\n")
     print(on_vs_local_table(split_paths) + "\n\n" + ttft_split_table(split_paths))
+    order_paths = [HERE / "answer_order" / f"run{i}" / "bench_multiturn_short.json" for i in (1, 2, 3)]
+    print("\n## when the declined prefill half answered, against the first token (answer_order/)\n")
+    print(on_vs_local_table(order_paths) + "\n\n" + answer_order_table(order_paths))
     print("\n## where the time goes: on's PD hop by SGLang's stages vs on+local's local path (stages/)\n")
     print(pd_hop_table(sorted((HERE / "stages").glob("run*/bench_multiturn_short.json"))))
     for path in sys.argv[1:] or [HERE / "bench_multiturn_short.json", HERE / "bench_multiturn_capacity.json",
