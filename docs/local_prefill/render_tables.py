@@ -62,36 +62,44 @@ def sweep_table(report: dict) -> str:
     return "\n".join(lines)
 
 
+def per_run_table(columns: list[str], paths: list[Path], row) -> str:
+    """Markdown: a `run` column and `columns`; one row per JSON path, cells from `row(path's results)`."""
+    lines = ["| run | " + " | ".join(columns) + " |", "|---" * (len(columns) + 1) + "|"]
+    for path in paths:
+        cells = row(json.loads(path.read_text())["results"])
+        lines.append(f"| {path.parent.relative_to(HERE)} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def ttft_split_table(paths: list[Path]) -> str:
     """Mean TTFT at the client vs at decode's tokenizer manager (bench/report.ttft_split), on and on+local,
     one row per run."""
     from sglang_pd.bench.report import ttft_split
 
-    lines = ["| run | client TTFT, mean ms: on / on+local | decode's tokenizer manager (SGLang's TTFT histogram) "
-             "| the rest: client, HTTP in and out | on+local's local path inside decode's scheduler, p50 |",
-             "|---|---|---|---|---|"]
-    for path in paths:
-        results = json.loads(path.read_text())["results"]
+    def row(results: dict) -> list[str]:
         on, local = ttft_split(results["on"]), ttft_split(results["on+local"])
         inside = sum(results["on+local"]["decode_local_prefill"][k]["p50"]
                      for k in ("admitted_ms", "queued_ms", "extend_to_join_ms"))
-        lines.append(f"| {path.parent.relative_to(HERE)} | {on['client']:.1f} / {local['client']:.1f} | "
-                     f"{on['decode_server']:.1f} / {local['decode_server']:.1f} | "
-                     f"{on['http_and_client']:.1f} / {local['http_and_client']:.1f} | {inside:.1f} |")
-    return "\n".join(lines)
+        return [f"{on[k]:.1f} / {local[k]:.1f}" for k in ("client", "decode_server", "http_and_client")] + [
+                f"{inside:.1f}"]
+
+    return per_run_table(["client TTFT, mean ms: on / on+local", "decode's tokenizer manager (SGLang's TTFT histogram)",
+                          "the rest: client, HTTP in and out", "on+local's local path inside decode's scheduler, p50"],
+                         paths, row)
 
 
 def answer_order_table(paths: list[Path]) -> str:
     """Local requests whose declined prefill half answered at the client before their first token, per run."""
-    lines = ["| run | prefill's answer before the first token | TTFT p50 of those / of the others (ms) "
-             "| answer minus first token, p50 (ms) |", "|---|---|---|---|"]
-    for path in paths:
-        order = json.loads(path.read_text())["results"]["on+local"]["local_prefill_answer"]
-        after = order["ttft_p50_after_s"]
-        lines.append(f"| {path.parent.relative_to(HERE)} | {order['num_before']} of {order['num_timed']} | "
-                     f"{1000 * order['ttft_p50_before_s']:.1f} / {'-' if after is None else f'{1000 * after:.1f}'} | "
-                     f"{1000 * order['answer_minus_ttft_p50_s']:.1f} |")
-    return "\n".join(lines)
+    def ms(seconds: float | None) -> str:
+        return "-" if seconds is None else f"{1000 * seconds:.1f}"
+
+    def row(results: dict) -> list[str]:
+        order = results["on+local"]["local_prefill_answer"]
+        return [f"{order['num_before']} of {order['num_timed']}",
+                f"{ms(order['ttft_p50_before_s'])} / {ms(order['ttft_p50_after_s'])}", ms(order["answer_minus_ttft_p50_s"])]
+
+    return per_run_table(["prefill's answer before the first token", "TTFT p50 of those / of the others (ms)",
+                          "answer minus first token, p50 (ms)"], paths, row)
 
 
 def on_vs_local_table(paths: list[Path]) -> str:
