@@ -25,7 +25,10 @@ whose uncached prompt part is at most `--local-prefill-tokens` on decode (prefil
 configuration are compared with OFF's. `--cpu-split decode` gives the decode server a CPU of its own
 (prefill, the client and the rest share the others), `--cpu-split decode-scheduler` only decode's scheduler
 process, `--cpu-split decode-step` only that process's main thread, which runs the decode step
-(harness/cpu_placement.py): as far as one box can stand for two.
+(harness/cpu_placement.py): as far as one box can stand for two. `--via-router` sends every request
+through a stock sglang-router in PD mode started beside each pair (it picks the room and sends both
+halves; it passes decode's stream on only after prefill's half has answered): the TTFT a router's
+client sees, router hop and prefill's answer included.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from sglang_pd.bench.multiturn_workload import WorkloadConfig, run_workload, system_prompt
-from sglang_pd.bench.pd_client import pd_stream
+from sglang_pd.bench.pd_client import pd_stream, router_stream
 from sglang_pd.bench.report import (format_local_stages, format_prefill_answer, format_stages, format_table,
                                      format_ttft_split, local_breakdown, plot, plot_summary, summarize)
 from sglang_pd.bench.server_figures import ServerFigures
@@ -98,6 +101,9 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.add_argument(flag, action="store_true", default=None, help="see WorkloadConfig")
         else:
             p.add_argument(flag, type=kind, help="override the preset (see WorkloadConfig)")
+    p.add_argument("--via-router", action="store_true",
+                   help="send every request through a stock sglang-router (PD mode) started beside each pair, "
+                        "not as two halves from this client")
     p.add_argument("--prefill-url"), p.add_argument("--decode-url"), p.add_argument("--bootstrap-port", type=int)
     p.add_argument("--label", default="attached", help="column name in attach mode")
     p.add_argument("--out-dir", default="bench_results", help="where the JSON and PNG go")
@@ -106,8 +112,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     attach = [args.prefill_url, args.decode_url, args.bootstrap_port]
     if any(attach) and not all(attach):
         p.error("attach mode needs all of --prefill-url, --decode-url and --bootstrap-port")
-    if any(attach) and (args.decode_arg or args.cpu_split):
-        p.error("--decode-arg and --cpu-split apply to the servers the benchmark starts; attach mode uses running ones")
+    if any(attach) and (args.decode_arg or args.cpu_split or args.via_router):
+        p.error("--decode-arg, --cpu-split and --via-router apply to the servers the benchmark starts; "
+                "attach mode uses running ones")
     try:
         args.placement = split_placement(args.cpu_split) if args.cpu_split else None
     except ValueError as exc:
@@ -131,10 +138,13 @@ def workload_config(args) -> WorkloadConfig:
 
 
 def measure(prefill_url, decode_url, bootstrap_port, cfg: WorkloadConfig, label: str, progress: bool,
-            slo: SloTargets | None = None, after_priming=None):
-    """Prime the shared prefix, call `after_priming()` if given, run the workload, return (summary,
-    outputs by (client, round))."""
-    send = lambda ids, n: pd_stream(prefill_url, decode_url, bootstrap_port, ids, n)  # noqa: E731
+            slo: SloTargets | None = None, after_priming=None, router_url: str | None = None):
+    """Prime the shared prefix, call `after_priming()` if given, run the workload (through the router at
+    `router_url` if given, else as two halves from this client), return (summary, outputs by (client, round))."""
+    if router_url:
+        send = lambda ids, n: router_stream(router_url, ids, n)  # noqa: E731
+    else:
+        send = lambda ids, n: pd_stream(prefill_url, decode_url, bootstrap_port, ids, n)  # noqa: E731
     primed = send(system_prompt(cfg), 1)
     if not primed.ok:
         raise RuntimeError(f"priming request failed: {primed.error}")
@@ -177,7 +187,7 @@ def run_config(config: BenchConfig, args, cfg: WorkloadConfig):
     deploy["extra_decode_args"] = tuple(args.decode_arg)
     deploy["cpu_placement"] = args.placement
     t0 = time.perf_counter()
-    dep = PDDeployment(DeploymentConfig(decode_radix=config.decode_radix,
+    dep = PDDeployment(DeploymentConfig(decode_radix=config.decode_radix, with_router=args.via_router,
                                         decode_attention_backend=config.decode_attention_backend,
                                         prefill_attention_backend=config.prefill_attention_backend, **deploy))
     try:
@@ -189,7 +199,8 @@ def run_config(config: BenchConfig, args, cfg: WorkloadConfig):
         print(f"[{config.name}] PD pair up in {time.perf_counter() - t0:.0f}s (logs {dep.log_dir})", file=sys.stderr)
         settled = []  # threads decode's moved scheduler thread started with the first request (decode-step)
         summary, outputs = measure(dep.prefill.url, dep.decodes[0].url, dep.bootstrap_port, cfg, config.name,
-                                   not args.no_progress, args.slo, lambda: settled.append(dep.settle_placement()))
+                                   not args.no_progress, args.slo, lambda: settled.append(dep.settle_placement()),
+                                   router_url=dep.router.url if dep.router else None)
         summary["clean_after_run"] = _clean_after_run(dep)
         summary["placement_checked"] = dict(dep.placement_checked)   # at start, then again after the run
         summary["placement_threads_settled"] = settled[0]
@@ -308,7 +319,7 @@ def main(argv=None) -> int:
               "decode_max_total_tokens": args.decode_max_total_tokens,
               "extra_decode_args": args.decode_arg,
               "cpu_placement": args.placement and args.placement.as_dict(),
-              "transfer_backend": args.transfer_backend, "slo": args.slo.describe(),
+              "transfer_backend": args.transfer_backend, "slo": args.slo.describe(), "via_router": args.via_router,
               "configs": [dataclasses.asdict(c) for c in args.configs],
               "results": results, "pareto": pareto, "local_sweep": {str(t): r for t, r in sweep.items()},
               "identical_outputs": identical,
@@ -322,7 +333,8 @@ def main(argv=None) -> int:
         plot_summary(results, str(out / f"bench_multiturn_{args.preset}_summary.png"))
     if results and all("slo_attainment" in r for r in results.values()):
         plot_slo(results, str(out / f"bench_multiturn_{args.preset}_slo.png"))
-    print(f"\nbench_multiturn preset={args.preset} backend={args.transfer_backend} on {machine()}")
+    print(f"\nbench_multiturn preset={args.preset} backend={args.transfer_backend} on {machine()}"
+          + (" (every request through sglang-router)" if args.via_router else ""))
     if args.placement is not None:
         print(f"CPU placement: {args.placement.as_dict()}")
     print(f"workload: {json.dumps(dataclasses.asdict(cfg))}; SLO scored: {args.slo.describe()}\n")

@@ -1,5 +1,6 @@
 """One PD request the way a router sends it: prefill (plain POST) + decode (streamed), paired by a
-bootstrap room; returns token ids and the client-side timings (TTFT, inter-token gaps).
+bootstrap room; returns token ids and the client-side timings (TTFT, inter-token gaps). Or one streamed
+request through a real sglang-router (`router_stream`), which sends both halves itself.
 
 Every request runs on one asyncio loop (aiohttp) in a background thread of the benchmark process,
 whatever thread calls `pd_stream`: on a 2-core box the client shares the cores with both PD servers,
@@ -83,12 +84,12 @@ class _Loop:
 
 
 async def _stream_decode(session: aiohttp.ClientSession, url: str, body: dict, start: float,
-                         result: StreamResult) -> None:
+                         result: StreamResult, who: str = "decode") -> None:
     last = None
     async with session.post(url + "/generate", json=body) as resp:
         if resp.status >= 400:
             text = await resp.text()
-            result.error = f"decode HTTP {resp.status}: {text[:300]}"
+            result.error = f"{who} HTTP {resp.status}: {text[:300]}"
             _mark_rejected(result, resp.status, text, resp.headers.get("Retry-After"))
             return
         async for line in resp.content:
@@ -97,7 +98,7 @@ async def _stream_decode(session: aiohttp.ClientSession, url: str, body: dict, s
             chunk = orjson.loads(line[5:])
             finish = (chunk.get("meta_info") or {}).get("finish_reason") or {}
             if finish.get("type") == "abort":  # a stream has sent its 200 before decode refuses it
-                result.error = f"decode abort {finish.get('status_code')}: {finish.get('message', '')[:300]}"
+                result.error = f"{who} abort {finish.get('status_code')}: {finish.get('message', '')[:300]}"
                 _mark_rejected(result, int(finish.get("status_code") or 0), str(finish.get("message", "")))
                 return
             ids = chunk.get("output_ids") or []
@@ -175,3 +176,31 @@ def pd_stream(prefill_url: str, decode_url: str, bootstrap_port: int, input_ids:
     """`pd_stream_async` from any thread (blocks the caller, not the loop)."""
     return _Loop.get().run(pd_stream_async(prefill_url, decode_url, bootstrap_port, input_ids, max_new_tokens,
                                            timeout), timeout=2 * timeout + 60)
+
+
+async def router_stream_async(router_url: str, input_ids: list[int], max_new_tokens: int,
+                              timeout: float = 600) -> StreamResult:
+    """One greedy request streamed through sglang-router in PD mode, which picks the pair and the bootstrap
+    room and sends both halves itself; it passes decode's stream on only after prefill's half has answered
+    (FINDINGS section 7), so the TTFT seen here includes that wait. `room` holds this client's request
+    number (the rid is `pd-<room>`, as `pd_stream`'s, so decode's per-request records match); when
+    prefill's half answered is not visible here (`prefill_answer_s` stays None)."""
+    session = _Loop.get().session
+    number = new_bootstrap_room()
+    sampling = {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}
+    result = StreamResult(ok=False, prompt_len=len(input_ids), room=number)
+    start = time.perf_counter()
+    try:
+        await asyncio.wait_for(_stream_decode(session, router_url, {"input_ids": input_ids, "sampling_params": sampling,
+                                                                    "stream": True, "rid": f"pd-{number}"},
+                                              start, result, who="router"), timeout)
+    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+        result.error = f"router: {type(exc).__name__}: {exc}"
+    result.latency_s = time.perf_counter() - start
+    result.ok = result.ok and not result.error and len(result.output_ids) == max_new_tokens
+    return result
+
+
+def router_stream(router_url: str, input_ids: list[int], max_new_tokens: int, timeout: float = 600) -> StreamResult:
+    """`router_stream_async` from any thread (blocks the caller, not the loop)."""
+    return _Loop.get().run(router_stream_async(router_url, input_ids, max_new_tokens, timeout), timeout=timeout + 60)

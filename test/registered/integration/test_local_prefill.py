@@ -1,6 +1,6 @@
 """Decode-local prefill on real servers: local and remote requests in one batch equal a plain server's,
 prefill computes nothing for a local request and answers its half with 200, through the launcher's
-router too; aborts on each local path and the decline-before-prefill race leave both servers clean;
+router too (the benchmark's router client included); aborts on each local path and the decline-before-prefill race leave both servers clean;
 NIXL (peers authenticated: every decline signed and verified) as well as mooncake_tcp (no secret),
 SGLang's overlap and normal decode loops; threshold 0 is today's PD path."""
 
@@ -15,6 +15,7 @@ import requests
 
 from conftest import LOG_ROOT, WAITING_TIMEOUT_S, peer_secret_file
 from lock_checks import in_background
+from sglang_pd.bench.pd_client import router_stream
 from sglang_pd.config import LOCAL_PREFILL_STEP_TOKENS, LOCAL_PREFILL_TOKENS
 from sglang_pd.harness import DeploymentConfig, PDDeployment
 from sglang_pd.launch_router import ROUTING_KEY_HEADER
@@ -184,8 +185,18 @@ def test_through_the_launchers_router_one_normal_response(pd_local: PDDeployment
                     chunks.append(json.loads(line[5:]))
         assert chunks[-1]["output_ids"] == dep.generate(dep.plain.url, conv, 8)["output_ids"]
         assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
+        # The benchmark's router client (bench_multiturn --via-router): the router keeps its rid, so
+        # decode's record of the local request is found under it, as the benchmark's breakdown needs.
+        conv = conv + chunks[-1]["output_ids"] + _tokens(303, 8)
+        streamed = router_stream(router.url, conv, 8)
+        assert streamed.ok and streamed.error == "", streamed.error
+        assert streamed.output_ids == dep.generate(dep.plain.url, conv, 8)["output_ids"]
+        assert 0 < streamed.ttft_s < streamed.latency_s and len(streamed.itl_s) == 7
+        assert streamed.prefill_answer_s is None  # not visible through a router
+        record = _local(dep)["requests"][f"pd-{streamed.room}"]
+        assert record["state"] == "joined"
         # One prefill half per local turn, each declined once: the router retried nothing.
-        assert _prefill(dep)["num_declined"] - declined_before == 2
+        assert _prefill(dep)["num_declined"] - declined_before == 3
     finally:
         router.stop()
     dep.wait_clean()
