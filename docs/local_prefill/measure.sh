@@ -81,3 +81,11 @@ for i in 1 2 3; do
   run $D/answer_order/run$i/bench_multiturn_short.log $PY -m sglang_pd.bench_multiturn --preset short --configs on,on+local \
       --local-prefill-tokens 64 --out-dir $D/answer_order/run$i --no-progress
 done
+# 2026-11-26 (seventh session): through a stock sglang-router (--via-router), alternating with the direct client
+for i in 1 2 3 4; do
+  for via in router direct; do
+    extra=(); [ $via = router ] && extra=(--via-router)
+    run $D/via_router/${via}_$i/bench_multiturn_short.log $PY -m sglang_pd.bench_multiturn --preset short \
+        --configs on,on+local --local-prefill-tokens 64 "${extra[@]}" --out-dir $D/via_router/${via}_$i --no-progress
+  done
+done

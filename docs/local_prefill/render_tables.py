@@ -173,6 +173,10 @@ if __name__ == "__main__":
     order_paths = [HERE / "answer_order" / f"run{i}" / "bench_multiturn_short.json" for i in (1, 2, 3)]
     print("\n## when the declined prefill half answered, against the first token (answer_order/)\n")
     print(on_vs_local_table(order_paths) + "\n\n" + answer_order_table(order_paths))
+    via_paths = [HERE / "via_router" / f"{via}_{i}" / "bench_multiturn_short.json"
+                 for i in (1, 2, 3, 4) for via in ("router", "direct")]
+    print("\n## through a stock sglang-router (--via-router) vs the direct client, alternating (via_router/)\n")
+    print(on_vs_local_table(via_paths) + "\n\n" + ttft_split_table(via_paths))
     print("\n## where the time goes: on's PD hop by SGLang's stages vs on+local's local path (stages/)\n")
     print(pd_hop_table(sorted((HERE / "stages").glob("run*/bench_multiturn_short.json"))))
     for path in sys.argv[1:] or [HERE / "bench_multiturn_short.json", HERE / "bench_multiturn_capacity.json",
