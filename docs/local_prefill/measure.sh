@@ -89,3 +89,9 @@ for i in 1 2 3 4; do
         --configs on,on+local --local-prefill-tokens 64 "${extra[@]}" --out-dir $D/via_router/${via}_$i --no-progress
   done
 done
+# capacity preset (prefill busy with the PD requests): when the declined half answers, direct and through the router
+for via in direct router; do
+  extra=(); [ $via = router ] && extra=(--via-router)
+  run $D/via_router/capacity_$via/bench_multiturn_capacity.log $PY -m sglang_pd.bench_multiturn --preset capacity \
+      --configs on,on+local --local-prefill-tokens 64 "${extra[@]}" --out-dir $D/via_router/capacity_$via --no-progress
+done
