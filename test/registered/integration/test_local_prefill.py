@@ -1,8 +1,9 @@
 """Decode-local prefill on real servers: local and remote requests in one batch equal a plain server's,
 prefill computes nothing for a local request and answers its half with 200, through the launcher's
-router too (the benchmark's router client included); aborts on each local path and the decline-before-prefill race leave both servers clean;
-NIXL (peers authenticated: every decline signed and verified) as well as mooncake_tcp (no secret),
-SGLang's overlap and normal decode loops; threshold 0 is today's PD path."""
+router too (the benchmark's router client included); aborts on each local path and the
+decline-before-prefill race leave both servers clean; NIXL (peers authenticated: every decline signed
+and verified) as well as mooncake_tcp (no secret), SGLang's overlap and normal decode loops; threshold 0
+is today's PD path."""
 
 import concurrent.futures as cf
 import json
