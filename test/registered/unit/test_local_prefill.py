@@ -1,6 +1,7 @@
 """Decode-local prefill: the decision, the queue's states and per-step budget, and the accounting of lock
 and pages on every path, on real SGLang pools, trees, rows and requests (SGLang's own prealloc and
-release functions), with the allocation hook the servers use."""
+release functions), with the allocation hook the servers use; and the decline send over a real ZMQ
+socket (sent: the request is queued locally; not sent: it stays on the PD path, counted)."""
 
 from types import SimpleNamespace
 
@@ -310,3 +311,92 @@ def test_allocation_hook_refuses_a_row_without_its_whole_prompt(world):
     req.kv.kv_allocated_len -= 1
     with pytest.raises(RuntimeError, match="row holds"):
         around_alloc_for_extend(lambda b: None, batch)
+
+
+# ---- the decline send, over a real ZMQ socket ---------------------------------------------------------
+class _Receiver:
+    """SGLang's decode-side KV receiver as `_serve_locally` uses it: one resolved prefill rank reached
+    through a real ZMQ PUSH socket (connected to a PULL this test reads, or closed: every send fails)."""
+
+    def __init__(self, sock):
+        import threading
+
+        self.bootstrap_infos = [{"rank_ip": "127.0.0.1"}]
+        self.kv_mgr = SimpleNamespace(local_ip="127.0.0.1", rank_port=47001)
+        self.abort_notified = False
+        self.cleared = False
+        self._sock, self._lock = sock, threading.Lock()
+
+    def _connect_to_bootstrap_server(self, info):
+        return self._sock, self._lock
+
+    def clear(self):
+        self.cleared = True
+
+
+@pytest.fixture
+def zmq_pair():
+    """A PUSH socket connected to a PULL bound on 127.0.0.1 (the PULL stands for prefill's rank socket)."""
+    import zmq
+
+    context = zmq.Context()
+    pull, push = context.socket(zmq.PULL), context.socket(zmq.PUSH)
+    port = pull.bind_to_random_port("tcp://127.0.0.1")
+    push.connect(f"tcp://127.0.0.1:{port}")
+    pull.setsockopt(zmq.RCVTIMEO, 5000)
+    yield push, pull
+    push.close(linger=0)
+    pull.close(linger=0)
+    context.term()
+
+
+def _prefill_side_request(world, rid, room):
+    world.cache(list(range(1, 41)))
+    req, prefix_len, _ = world.admit(rid, list(range(1, 41)) + [50, 51, 52, 53])
+    req.bootstrap_room = room
+    return req, prefix_len
+
+
+def test_a_sent_decline_queues_the_request_locally(world, zmq_pair):
+    """The decline reaches prefill's socket naming the room; the request is decode's from then on:
+    queued locally with its lock, its receiver cleared and detached, marked abort-notified."""
+    from sglang_pd.srt.disaggregation.room_decline import parse_decline
+    from sglang_pd.srt.hooks.decode_prealloc_queue import _serve_locally
+    from sglang_pd.srt.hooks.decode_scheduler import release_local
+
+    push, pull = zmq_pair
+    req, prefix_len = _prefill_side_request(world, "sent", 7001)
+    receiver = _Receiver(push)
+    decode_req = SimpleNamespace(req=req, kv_receiver=receiver, is_rebootstrap=False)
+    assert _serve_locally(decode_req, prefix_len) is True
+    notice = parse_decline(pull.recv_multipart())
+    assert notice.room == 7001 and "decode-local prefill" in notice.message
+    assert receiver.abort_notified and receiver.cleared and decode_req.kv_receiver is None
+    assert world.state.local_prefill.record("sent").state is LocalState.QUEUED
+    assert world.state.lock_ledger.owners() == {"sent": 1}
+    (taken,) = world.state.local_prefill.abort(lambda rid: rid == "sent", lambda r: "held")
+    release_local(SimpleNamespace(tree_cache=world.tree), taken)
+    assert world.clean()
+
+
+def test_a_decline_that_cannot_be_sent_leaves_the_request_on_the_pd_path(world, zmq_pair):
+    """Prefill was not told, so it will compute the request: decode keeps it on the PD path with its
+    receiver, lock and pages untouched, counts the fallback and the hook error, and queues nothing."""
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    from sglang_pd.srt.hooks.decode_prealloc_queue import _serve_locally
+
+    push, _ = zmq_pair
+    push.close(linger=0)  # every send on it now raises
+    req, prefix_len = _prefill_side_request(world, "unsent", 7002)
+    receiver = _Receiver(push)
+    decode_req = SimpleNamespace(req=req, kv_receiver=receiver, is_rebootstrap=False)
+    assert world.state.lock_ledger.owners() == {"unsent": 1}
+    assert _serve_locally(decode_req, prefix_len) is False
+    assert decode_req.kv_receiver is receiver and not receiver.abort_notified and not receiver.cleared
+    assert world.state.local_prefill.record("unsent") is None
+    assert world.state.local_prefill.snapshot()["fallbacks"]["decline_unsent"] == 1
+    assert world.state.hook_errors == {"send_decline": 1}
+    assert world.state.lock_ledger.owners() == {"unsent": 1}
+    release_kv_cache(req, world.tree, checkpoint=False)  # as the PD path's exit would
+    assert world.clean()
