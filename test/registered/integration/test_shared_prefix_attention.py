@@ -3,10 +3,14 @@ greedy outputs equal a plain torch_native server's, token for token, on concurre
 a system prompt and on a second turn nested under the first (one of them decoding 90 tokens); decode
 really grouped them, read own parts in place with the C kernel it built at start-up and reused the
 segments, prefill's extends attended only their new queries (counters on /sglang_pd/stats and
-/metrics), nothing fell back, and the pair ends clean (no lock, no page held)."""
+/metrics), nothing fell back, and the pair ends clean (no lock, no page held). Requests aborted while
+decoding inside a group leave it, the group goes on with the others, whose outputs still equal a
+plain server's."""
 
 import concurrent.futures as cf
 import random
+import time
+import uuid
 
 import pytest
 
@@ -19,6 +23,8 @@ pytestmark = pytest.mark.integration
 NUM_CLIENTS = 6
 NEW_TOKENS = 24
 LONG_TOKENS = 90  # one request decodes on alone while the others finish: its group dissolves under it
+NUM_GROUPED = 10   # 7 left after 3 aborts still save 6 x 480 reads per layer: above the threshold, grouped
+GROUPED_TOKENS = 300
 
 
 @pytest.fixture(scope="module")
@@ -71,4 +77,46 @@ def test_outputs_equal_a_plain_server_and_decode_reads_the_shared_prefix_once(pd
     assert prefill["shared_attn_decode_steps_total"] == 0
     metrics = PDDeployment.scrape_metrics(pd.decodes[0], "sglang_pd:shared_attn_kv_reads_saved_tokens")
     assert metrics and max(metrics.values()) == shared["shared_attn_kv_reads_saved_tokens_total"]
+    pd.wait_clean()
+
+
+def _wait_for_step(pd: PDDeployment, want, what: str, timeout_s: float = 60) -> dict:
+    """Poll decode's latest decode step (its grouping) until `want(step)`; returns that step."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        step = pd.scheduler_state(pd.decodes[0])["shared_attention"]["last_step"]
+        if step is not None and want(step):
+            return step
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for a decode step with {what}; last: {step}")
+
+
+def test_members_aborted_mid_decode_leave_the_group_and_the_rest_equal_a_plain_server(pd: PDDeployment):
+    rng = random.Random(29)
+    system = [1] + _tokens(rng, 479)
+    pd.generate_pd(system + _tokens(rng, 3), 1)
+    prompts = [system + _tokens(rng, 4 + 2 * i) for i in range(NUM_GROUPED)]
+    rids = [f"grouped-{i}-{uuid.uuid4().hex[:6]}" for i in range(NUM_GROUPED)]
+    aborted = set(rids[1::3])
+    groups_before = pd.scheduler_state(pd.decodes[0])["shared_attention"]["shared_attn_groups_total"]
+    with cf.ThreadPoolExecutor(NUM_GROUPED) as pool:
+        futures = [pool.submit(pd.generate_pd, p, GROUPED_TOKENS, rid=r) for p, r in zip(prompts, rids)]
+        _wait_for_step(pd, lambda s: s["batch_size"] == s["num_grouped_requests"] == NUM_GROUPED
+                       and s["num_groups"] == 1, f"all {NUM_GROUPED} requests in one group")
+        for rid in aborted:
+            pd.abort(pd.decodes[0], rid)
+        left = NUM_GROUPED - len(aborted)
+        _wait_for_step(pd, lambda s: s["batch_size"] == s["num_grouped_requests"] == left and s["num_groups"] == 1,
+                       f"the {left} others still in one group")
+        bodies = {rid: f.result()[1] for rid, f in zip(rids, futures)}
+    for prompt, rid in zip(prompts, rids):
+        body = bodies[rid]
+        if rid in aborted:
+            assert body["meta_info"]["finish_reason"]["type"] == "abort"
+            assert len(body["output_ids"]) < GROUPED_TOKENS
+        else:
+            assert body["output_ids"] == pd.generate(pd.plain.url, prompt, GROUPED_TOKENS)["output_ids"], rid
+    shared = pd.scheduler_state(pd.decodes[0])["shared_attention"]
+    assert shared["shared_attn_groups_total"] > groups_before
+    assert set(shared["fallback_layer_calls"].values()) == {0}
     pd.wait_clean()
