@@ -4,11 +4,12 @@ transfer failures on both sides (decode-local and at prefill's transport) and on
 baseline (nothing in flight), both servers healthy, and every completed output equal to a plain
 server's. Own deployment (it kills prefill).
 
-Run twice: on today's PD path (`pd`), and with decode-local prefill on (`local`): most later turns are
-then computed on decode while each turn's last branch, and every request given an injected transfer
-failure, is made too long to be local and crosses prefill; every conversation also aborts one local
-request held in the local queue and one whose local extend is under way (the state decode saw at the
-abort is counted).
+Run three times: on today's PD path (`pd`), with decode-local prefill on (`local`), and with it on
+beside the shared-prefix attention backend on both servers (`local+shared`; compared with the same
+torch_native plain server). With local prefill most later turns are computed on decode while each
+turn's last branch, and every request given an injected transfer failure, is made too long to be local
+and crosses prefill; every conversation also aborts one local request held in the local queue and one
+whose local extend is under way (the state decode saw at the abort is counted).
 """
 
 import concurrent.futures as cf
@@ -25,6 +26,7 @@ from sglang_pd.config import LOCAL_PREFILL_TOKENS
 from sglang_pd.harness import DeploymentConfig, PDDeployment
 from sglang_pd.harness.deployment import new_bootstrap_room
 from sglang_pd.models import VOCAB_SIZE
+from sglang_pd.srt.hooks.attention_backend import BACKEND_NAME
 
 pytestmark = pytest.mark.integration
 
@@ -43,16 +45,20 @@ LOCAL_THRESHOLD = 32
 LOCAL_ABORTS = {2: "local_queue_hold", 3: "local_extend_delay"}  # turn -> fault, on branch 1
 
 
-@pytest.fixture(scope="module", params=["pd", "local"])
+@pytest.fixture(scope="module", params=["pd", "local", "local+shared"])
 def pd_soak(request):
+    """(the pair, its variant); `+shared`: the shared-prefix attention backend on both servers."""
     env = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)),
            ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", str(BOOTSTRAP_TIMEOUT_S)),
            ("SGLANG_FAILED_SESSION_PROBE_INTERVAL_S", str(SESSION_PROBE_S)))
-    if request.param == "local":
+    variant = request.param
+    if variant.startswith("local"):
         env += ((LOCAL_PREFILL_TOKENS, str(LOCAL_THRESHOLD)),)
+    backend = BACKEND_NAME if variant.endswith("+shared") else None
     with PDDeployment(DeploymentConfig(page_size=16, fault_injection=True, env_overrides=env,
-                                       log_dir=LOG_ROOT / f"soak_{request.param}")) as dep:
-        yield dep, request.param == "local"
+                                       decode_attention_backend=backend, prefill_attention_backend=backend,
+                                       log_dir=LOG_ROOT / f"soak_{variant.replace('+', '_')}")) as dep:
+        yield dep, variant
 
 
 def _local_abort(dep: PDDeployment, fault: str, prompt: list[int], stats: dict, lock: threading.Lock,
@@ -172,8 +178,9 @@ def _crash_prefill_midway(dep: PDDeployment, stats: dict, lock: threading.Lock, 
     return time.monotonic() - start
 
 
-def test_fault_soak(pd_soak: tuple[PDDeployment, bool], plain_url: str):
-    dep, local = pd_soak
+def test_fault_soak(pd_soak: tuple[PDDeployment, str], plain_url: str):
+    dep, variant = pd_soak
+    local = variant.startswith("local")
     before = dep.wait_clean()["decode0"]["integrity"]
     stats = {"ok": 0, "aborts": 0, "faults_injected": 0, "unserved": 0}
     lock = threading.Lock()
@@ -198,10 +205,12 @@ def test_fault_soak(pd_soak: tuple[PDDeployment, bool], plain_url: str):
     assert after["free_tokens"] + after["evictable_tokens"] == before["free_tokens"] + before["evictable_tokens"]
     fired = {s: reports[s]["faults"]["fired"] for s in ("decode0", "prefill")}
     local_figures = _check_local(dep, reports, stats) if local else None
-    record_figures(f"fault_soak_{'local' if local else 'pd'}",
+    shared_figures = _check_shared(dep, reports) if variant.endswith("+shared") else None
+    record_figures(f"fault_soak_{variant.replace('+', '_')}",
                    {"requests": total, **dict(sorted(stats.items())), "prefill_down_s": round(down_s, 1),
                     "faults_fired": fired, "locks_taken": ledger["num_locks"],
-                    "outstanding_locks": ledger["num_outstanding"], "local_prefill": local_figures})
+                    "outstanding_locks": ledger["num_outstanding"], "local_prefill": local_figures,
+                    "shared_attention_decode": shared_figures})
     print(f"\nSOAK requests={total} ok={stats['ok']} aborts={stats['aborts']} "
           f"transfer_faults={stats['faults_injected']} (fired: decode {fired['decode0']}, prefill after its "
           f"restart {fired['prefill']}) unserved={stats['unserved']} prefill down {down_s:.0f} s; "
@@ -229,3 +238,16 @@ def _check_local(dep: PDDeployment, reports: dict, stats: dict) -> dict:
           f"fallbacks={local['fallbacks']} prefill_declines_since_restart={len(declines)}")
     return {key: local[key] for key in ("num_requests", "num_extends", "num_mixed_extends", "num_aborted",
                                         "num_failed", "fallbacks")} | {"prefill_declines_since_restart": len(declines)}
+
+
+def _check_shared(dep: PDDeployment, reports: dict) -> dict:
+    """The shared-prefix backend served decode's steps (own parts read in place) and its local extends
+    (offset-causal), and prefill's extends, with no layer call handed to torch_native."""
+    decode = reports["decode0"]["shared_attention"]
+    prefill = dep.scheduler_state(dep.prefill)["shared_attention"]  # since its restart
+    for side in (decode, prefill):
+        assert side["backend"] == BACKEND_NAME and set(side["fallback_layer_calls"].values()) == {0}, side
+    assert decode["shared_attn_decode_steps_total"] > 0 and decode["shared_attn_own_tokens_total"] > 0, decode
+    assert decode["shared_attn_extend_queries_total"] > 0 and prefill["shared_attn_extend_queries_total"] > 0
+    return {name: decode[name] for name in ("shared_attn_decode_steps_total", "shared_attn_groups_total",
+                                            "shared_attn_own_tokens_total", "shared_attn_extend_queries_total")}
