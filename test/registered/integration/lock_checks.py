@@ -1,5 +1,5 @@
 """Lock-path checks shared by the integration modules: the state an exit path claims (a lock held just
-before it) and its outcome (released exactly once, nothing held after)."""
+before it) and its outcome (released exactly once, nothing held after); waiting for a server state."""
 
 import threading
 import time
@@ -16,6 +16,18 @@ def wait_for_plan(dep: PDDeployment, rid: str, timeout_s: float = 60) -> dict:
             return plan
         time.sleep(0.2)
     raise AssertionError(f"decode never admitted {rid}")
+
+
+def wait_until(predicate, what: str, timeout_s: float = 60, poll_s: float = 0.1):
+    """Poll `predicate()` until it returns something truthy and return that; AssertionError naming `what`
+    after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        found = predicate()
+        if found:
+            return found
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out waiting for {what}")
 
 
 def in_background(fn, *args, **kwargs) -> dict:

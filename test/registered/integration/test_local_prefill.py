@@ -15,7 +15,7 @@ import pytest
 import requests
 
 from conftest import LOG_ROOT, WAITING_TIMEOUT_S, peer_secret_file
-from lock_checks import in_background
+from lock_checks import in_background, wait_until
 from sglang_pd.bench.pd_client import router_stream
 from sglang_pd.config import LOCAL_PREFILL_STEP_TOKENS, LOCAL_PREFILL_TOKENS
 from sglang_pd.harness import DeploymentConfig, PDDeployment
@@ -73,16 +73,6 @@ def _primed(dep: PDDeployment, seed: int, new_tokens: int = 8) -> list[int]:
     return conv + decoded["output_ids"] + _tokens(seed + 1, 8)
 
 
-def _wait(predicate, what: str, timeout_s: float = 60):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        found = predicate()
-        if found:
-            return found
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def test_local_and_remote_requests_in_one_batch_equal_a_plain_server(pd_local: PDDeployment):
     dep = pd_local
     local_prompts = [_primed(dep, 100 + 10 * i) for i in range(3)]
@@ -134,7 +124,7 @@ def test_a_local_extend_runs_inside_the_decode_step_of_running_requests(pd_local
     before = _local(dep)
     jobs = [in_background(dep.generate_pd, p, 160) for p in remote_prompts]
     # decode's running batch now, not its step history (an earlier test's steps ran 6 side by side)
-    _wait(lambda: len(dep.scheduler_state(dep.decodes[0])["queues"]["running"]) >= len(remote_prompts),
+    wait_until(lambda: len(dep.scheduler_state(dep.decodes[0])["queues"]["running"]) >= len(remote_prompts),
           "the remote requests to decode side by side")
     with cf.ThreadPoolExecutor(len(local_prompts)) as pool:
         local_out = list(pool.map(lambda p: dep.generate_pd(p, 24)[1], local_prompts))
@@ -209,7 +199,7 @@ def test_abort_while_queued_for_the_local_extend(pd_local: PDDeployment):
     rid, room = f"local-queued-{uuid.uuid4().hex[:6]}", random.randrange(1, 2**62)
     dep.arm_faults(dep.decodes[0], local_queue_hold_room=room)  # waits 5 s in the local queue
     job = in_background(dep.post_generate_pd, prompt, 16, rid=rid, room=room)
-    record = _wait(lambda: _local(dep)["requests"].get(rid), "the request to be queued locally")
+    record = wait_until(lambda: _local(dep)["requests"].get(rid), "the request to be queued locally")
     assert record["state"] == "queued"
     ledger = dep.scheduler_state(dep.decodes[0])["lock_ledger"]
     assert any(o["owner"] == rid and o["state"] == "held" for o in ledger["oldest"]), ledger
@@ -232,7 +222,7 @@ def test_abort_during_the_local_extend(pd_local: PDDeployment):
     job = in_background(dep.post_generate_pd, prompt, 64, rid=rid, room=room)
     # The decline answers prefill's half before the extend is even planned; the extend then runs (and
     # sleeps) in the scheduler, so this abort is read when the request is in the extend batch.
-    _wait(lambda: str(room) in _prefill(dep)["declines"], "prefill to answer the declined half")
+    wait_until(lambda: str(room) in _prefill(dep)["declines"], "prefill to answer the declined half")
     time.sleep(0.5)
     dep.abort(dep.decodes[0], rid)
     job["thread"].join(60)

@@ -9,11 +9,11 @@ plain server's."""
 
 import concurrent.futures as cf
 import random
-import time
 import uuid
 
 import pytest
 
+from lock_checks import wait_until
 from sglang_pd.harness import DeploymentConfig, PDDeployment
 from sglang_pd.models import VOCAB_SIZE
 from sglang_pd.srt.hooks.attention_backend import BACKEND_NAME
@@ -80,15 +80,12 @@ def test_outputs_equal_a_plain_server_and_decode_reads_the_shared_prefix_once(pd
     pd.wait_clean()
 
 
-def _wait_for_step(pd: PDDeployment, want, what: str, timeout_s: float = 60) -> dict:
+def _wait_for_step(pd: PDDeployment, want, what: str) -> dict:
     """Poll decode's latest decode step (its grouping) until `want(step)`; returns that step."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    def step_wanted():
         step = pd.scheduler_state(pd.decodes[0])["shared_attention"]["last_step"]
-        if step is not None and want(step):
-            return step
-        time.sleep(0.02)
-    raise AssertionError(f"timed out waiting for a decode step with {what}; last: {step}")
+        return step if step is not None and want(step) else None
+    return wait_until(step_wanted, f"a decode step with {what}", poll_s=0.02)
 
 
 def test_members_aborted_mid_decode_leave_the_group_and_the_rest_equal_a_plain_server(pd: PDDeployment):
