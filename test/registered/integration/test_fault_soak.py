@@ -54,7 +54,7 @@ def pd_soak(request):
     variant = request.param
     if variant.startswith("local"):
         env += ((LOCAL_PREFILL_TOKENS, str(LOCAL_THRESHOLD)),)
-    backend = BACKEND_NAME if variant.endswith("+shared") else None
+    backend = BACKEND_NAME if variant.endswith("+shared") else "torch_native"
     with PDDeployment(DeploymentConfig(page_size=16, fault_injection=True, env_overrides=env,
                                        decode_attention_backend=backend, prefill_attention_backend=backend,
                                        log_dir=LOG_ROOT / f"soak_{variant.replace('+', '_')}")) as dep:
