@@ -134,6 +134,18 @@ async def _prefill_half(session: aiohttp.ClientSession, url: str, body: dict) ->
         return resp.status, await resp.text()
 
 
+def _greedy(max_new_tokens: int) -> dict:
+    """The benchmark's sampling: greedy, exactly `max_new_tokens` (EOS ignored)."""
+    return {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}
+
+
+def _finish(result: StreamResult, start: float, max_new_tokens: int) -> StreamResult:
+    """Stamp the latency; ok only with no error and every token asked for (mutates `result`)."""
+    result.latency_s = time.perf_counter() - start
+    result.ok = result.ok and not result.error and len(result.output_ids) == max_new_tokens
+    return result
+
+
 def _stamp_prefill_answer(task: asyncio.Task, result: StreamResult, start: float) -> None:
     """Done callback of the prefill half: when its answer reached the client (not when it failed)."""
     if not task.cancelled() and task.exception() is None:
@@ -146,7 +158,7 @@ async def pd_stream_async(prefill_url: str, decode_url: str, bootstrap_port: int
     session = _Loop.get().session
     room = new_bootstrap_room()
     rid = f"pd-{room}"
-    sampling = {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}
+    sampling = _greedy(max_new_tokens)
     pairing = {"bootstrap_host": "127.0.0.1", "bootstrap_port": bootstrap_port, "bootstrap_room": room, "rid": rid}
     result = StreamResult(ok=False, prompt_len=len(input_ids), room=room)
     start = time.perf_counter()
@@ -166,9 +178,7 @@ async def pd_stream_async(prefill_url: str, decode_url: str, bootstrap_port: int
             result.error = f"prefill HTTP {status}: {text[:300]}"
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         result.error = result.error or f"prefill: {type(exc).__name__}: {exc}"
-    result.latency_s = time.perf_counter() - start
-    result.ok = result.ok and not result.error and len(result.output_ids) == max_new_tokens
-    return result
+    return _finish(result, start, max_new_tokens)
 
 
 def pd_stream(prefill_url: str, decode_url: str, bootstrap_port: int, input_ids: list[int],
@@ -187,7 +197,7 @@ async def router_stream_async(router_url: str, input_ids: list[int], max_new_tok
     prefill's half answered is not visible here (`prefill_answer_s` stays None)."""
     session = _Loop.get().session
     number = new_bootstrap_room()
-    sampling = {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True}
+    sampling = _greedy(max_new_tokens)
     result = StreamResult(ok=False, prompt_len=len(input_ids), room=number)
     start = time.perf_counter()
     try:
@@ -196,9 +206,7 @@ async def router_stream_async(router_url: str, input_ids: list[int], max_new_tok
                                               start, result, who="router"), timeout)
     except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
         result.error = f"router: {type(exc).__name__}: {exc}"
-    result.latency_s = time.perf_counter() - start
-    result.ok = result.ok and not result.error and len(result.output_ids) == max_new_tokens
-    return result
+    return _finish(result, start, max_new_tokens)
 
 
 def router_stream(router_url: str, input_ids: list[int], max_new_tokens: int, timeout: float = 600) -> StreamResult:

@@ -125,7 +125,7 @@ def test_a_local_extend_runs_inside_the_decode_step_of_running_requests(pd_local
     jobs = [in_background(dep.generate_pd, p, 160) for p in remote_prompts]
     # decode's running batch now, not its step history (an earlier test's steps ran 6 side by side)
     wait_until(lambda: len(dep.scheduler_state(dep.decodes[0])["queues"]["running"]) >= len(remote_prompts),
-          "the remote requests to decode side by side")
+               "the remote requests to decode side by side")
     with cf.ThreadPoolExecutor(len(local_prompts)) as pool:
         local_out = list(pool.map(lambda p: dep.generate_pd(p, 24)[1], local_prompts))
     for job in jobs:

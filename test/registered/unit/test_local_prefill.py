@@ -350,7 +350,8 @@ def zmq_pair():
     context.term()
 
 
-def _prefill_side_request(world, rid, room):
+def _admitted_request(world, rid, room):
+    """A request decode admitted (prefix matched, locked, pages preallocated) for bootstrap room `room`."""
     world.cache(list(range(1, 41)))
     req, prefix_len, _ = world.admit(rid, list(range(1, 41)) + [50, 51, 52, 53])
     req.bootstrap_room = room
@@ -365,7 +366,7 @@ def test_a_sent_decline_queues_the_request_locally(world, zmq_pair):
     from sglang_pd.srt.hooks.decode_scheduler import release_local
 
     push, pull = zmq_pair
-    req, prefix_len = _prefill_side_request(world, "sent", 7001)
+    req, prefix_len = _admitted_request(world, "sent", 7001)
     receiver = _Receiver(push)
     decode_req = SimpleNamespace(req=req, kv_receiver=receiver, is_rebootstrap=False)
     assert _serve_locally(decode_req, prefix_len) is True
@@ -388,7 +389,7 @@ def test_a_decline_that_cannot_be_sent_leaves_the_request_on_the_pd_path(world, 
 
     push, _ = zmq_pair
     push.close(linger=0)  # every send on it now raises
-    req, prefix_len = _prefill_side_request(world, "unsent", 7002)
+    req, prefix_len = _admitted_request(world, "unsent", 7002)
     receiver = _Receiver(push)
     decode_req = SimpleNamespace(req=req, kv_receiver=receiver, is_rebootstrap=False)
     assert world.state.lock_ledger.owners() == {"unsent": 1}
