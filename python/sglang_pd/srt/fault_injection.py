@@ -26,6 +26,7 @@ class Fault(str, enum.Enum):
     LOCAL_QUEUE_HOLD = "local_queue_hold"   # decode: a local-prefill request waits 5 s before its extend
     LOCAL_EXTEND_DELAY = "local_extend_delay"  # decode: the local extend carrying the room starts 3 s late
     PREFILL_TRANSFER_FAIL = "prefill_transfer_fail"  # prefill: the transport reports the room's send failed
+    PREFILL_WORKER_ERROR = "prefill_worker_error"    # prefill: the mooncake transfer worker raises on the room
     RANK_READER_EXIT = "rank_reader_exit"   # the rank socket's reading thread raises on its next message
 
 

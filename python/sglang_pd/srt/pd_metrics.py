@@ -127,6 +127,9 @@ METRICS: dict[str, tuple[str, str]] = {
 # name -> (help, extra label): counters with one more label than role / transfer_backend.
 LABELLED_COUNTERS: dict[str, tuple[str, str]] = {
     "hook_errors_total": ("exceptions a hook caught to keep SGLang serving (each one also logged)", "hook"),
+    "transfer_worker_errors_total": ("exceptions prefill's mooncake transfer worker raised on a room: the room was "
+                                     "cleared / concluded / failed (decode told), the worker kept "
+                                     "(transfer_worker_guard.py; each one also logged)", "outcome"),
 }
 
 

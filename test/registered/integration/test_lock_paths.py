@@ -13,6 +13,7 @@ from conftest import WAITING_TIMEOUT_S, initial_states
 from lock_checks import assert_lock_held, assert_released_once, in_background, wait_for_plan
 from sglang_pd.harness import PDDeployment
 from sglang_pd.harness.deployment import new_bootstrap_room
+from sglang_pd.harness.hostile_peer import assert_threads_alive, handshake_view
 from sglang_pd.harness.server import free_port
 from sglang_pd.models import VOCAB_SIZE
 
@@ -213,4 +214,40 @@ def test_prefill_side_transport_failure_releases_decode_lock(request, plain_url:
         assert time.monotonic() < deadline, f"the pair did not recover: {decoded.text}"
         time.sleep(1)
     assert decoded.json()["output_ids"] == dep.generate(plain_url, prompt, 8)["output_ids"]
+    dep.wait_clean()
+
+
+def test_transfer_worker_error_fails_only_that_room(pd_page16: PDDeployment, plain_url: str):
+    """Prefill's mooncake transfer worker raises on one room (test fault at the send: the KeyError SGLang
+    0.5.23's worker raised for a room cleared under it, docs/fresh_clone/ci_run_0b55ee0_failed.log).
+    Upstream alone ends the worker thread and every later room on it waits for decode's timeout. With
+    sglang_pd the room fails, decode releases the lock it took, and the same worker (one decode session
+    maps to one worker queue) serves the next request at once: no session blacklist, no timeout."""
+    dep = pd_page16
+    prompt, locked = _primed_prompt(dep, 111)
+    state0 = dep.scheduler_state(dep.prefill)
+    assert_threads_alive(state0["handshake"], "prefill")
+    fired0 = state0["faults"]["fired"].get("prefill_worker_error", 0)
+    failed0 = state0["counters"]["transfer_worker_errors_total"].get("failed", 0)
+    room = new_bootstrap_room()
+    rid = f"worker-error-{room}"
+    dep.arm_faults(dep.prefill, prefill_worker_error_room=room)
+    start = time.monotonic()
+    prefill_resp, decode_resp, _ = dep.post_generate_pd(prompt, 8, room=room, rid=rid, timeout=120)
+    assert decode_resp.status_code >= 400 and prefill_resp.status_code >= 400, (prefill_resp.text, decode_resp.text)
+    assert time.monotonic() - start < WAITING_TIMEOUT_S, "failed by decode's timeout, not by prefill's word"
+    state = dep.scheduler_state(dep.prefill)
+    assert state["faults"]["fired"]["prefill_worker_error"] == fired0 + 1
+    assert state["counters"]["transfer_worker_errors_total"]["failed"] == failed0 + 1
+    reports = dep.wait_clean()
+    plan = reports["decode0"]["decode_admission"]["plans"][rid]
+    assert plan["decode_prefix_len"] >= locked
+    assert_released_once(reports, rid, plan["decode_prefix_len"])
+    assert_threads_alive(handshake_view(dep, dep.prefill), "prefill")
+    assert requests.get(dep.prefill.url + "/health", timeout=60).status_code == 200
+    for seed in (112, 113):  # served at once, by the worker that raised
+        again = _tokens(seed, 40)
+        _, decoded, _ = dep.post_generate_pd(again, 8, timeout=120)
+        assert decoded.status_code == 200, decoded.text
+        assert decoded.json()["output_ids"] == dep.generate(plain_url, again, 8)["output_ids"]
     dep.wait_clean()

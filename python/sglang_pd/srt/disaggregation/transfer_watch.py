@@ -1,5 +1,5 @@
 """What each prefill transfer-worker thread is doing: its room, a bound on stalled NIXL transfers,
-and the injected send failure of the tests (logic).
+and the injected send failure and worker error of the tests (logic).
 
 Upstream's transfer workers (both backends) take one chunk at a time from a queue; the hook on that
 queue (srt/hooks/common_utils.py) tells `TransferWatch` which room the thread now serves, so pages
@@ -45,16 +45,24 @@ class TransferWatch:
 
     def on_chunk(self, room: int) -> None:
         """This thread now serves `room` (an injected NIXL_STALL for it makes its transfers hang; an
-        injected PREFILL_TRANSFER_FAIL makes its next send report failure)."""
+        injected PREFILL_TRANSFER_FAIL makes its next send report failure, an injected
+        PREFILL_WORKER_ERROR makes the mooncake worker raise at its next send)."""
         self._worker.room = int(room)
         self._worker.stalled = self.faults.take(Fault.NIXL_STALL, int(room))
         self._worker.send_fails = self.faults.take(Fault.PREFILL_TRANSFER_FAIL, int(room))
+        self._worker.raises = self.faults.take(Fault.PREFILL_WORKER_ERROR, int(room))
 
     def take_send_failure(self) -> bool:
         """True once if this thread's room was armed to fail its send (test fault; mutates)."""
         fails = getattr(self._worker, "send_fails", False)
         self._worker.send_fails = False
         return fails
+
+    def take_worker_error(self) -> bool:
+        """True once if this thread's room was armed to make the worker raise (test fault; mutates)."""
+        raises = getattr(self._worker, "raises", False)
+        self._worker.raises = False
+        return raises
 
     def room(self) -> int | None:
         """The room this thread serves, if known (read-only)."""

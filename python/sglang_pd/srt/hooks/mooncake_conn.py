@@ -1,10 +1,11 @@
 """Hooks on SGLang's `MooncakeKVManager` (disaggregation/mooncake/conn.py): room declines consumed
-first, batches kept under the TCP transport's queue limit, transfer workers at a lower CPU priority, the
-prefill-side send-failure test fault."""
+first, batches kept under the TCP transport's queue limit, transfer workers at a lower CPU priority that
+outlive an exception on one room, the prefill-side send-failure and worker-error test faults."""
 
 from __future__ import annotations
 
 from sglang_pd.srt.disaggregation.transfer_batches import descriptor_batches
+from sglang_pd.srt.disaggregation.transfer_worker_guard import ChunkTap, record, recover_room
 from sglang_pd.srt.hooks.common_conn import consume_decline_first
 from sglang_pd.srt.state import current
 
@@ -18,10 +19,14 @@ def around_handle_abort_notification(original, mgr, msg):
 def around_send_kvcache(original, mgr, mooncake_session_id, prefill_kv_indices, dst_kv_ptrs, dst_kv_indices,
                         executor, dst_layer_ids=None, dst_device_kv_indices=None, dst_kv_item_len=None,
                         dst_attn_tp_size=None):
-    """Send as upstream does; a test fault instead reports the failure code a failed transfer returns,
-    so upstream's own prefill failure path runs (room failed, decode told, session probed)."""
-    if current().transfer_watch.take_send_failure():
+    """Send as upstream does. Test faults: report the failure code a failed transfer returns, so
+    upstream's own prefill failure path runs (room failed, decode told, session probed); or raise, as
+    a bug in the worker would, for the worker guard (around_transfer_worker)."""
+    watch = current().transfer_watch
+    if watch.take_send_failure():
         return -1
+    if watch.take_worker_error():
+        raise KeyError(watch.room())  # what 0.5.23's worker raised for a cleared room (transfer_worker_guard.py)
     return original(mgr, mooncake_session_id, prefill_kv_indices, dst_kv_ptrs, dst_kv_indices, executor,
                     dst_layer_ids, dst_device_kv_indices, dst_kv_item_len, dst_attn_tp_size)
 
@@ -38,6 +43,20 @@ def around_transfer_data(original, mgr, mooncake_session_id, transfer_blocks):
     return 0
 
 
-def before_transfer_worker(mgr, queue, executor, staging_buffer=None, worker_index=0):
-    """Prefill, at the start of each transfer worker thread: lower its CPU priority (worker_priority.py)."""
-    current().transfer_worker_priority.lower_current_thread()
+def around_transfer_worker(original, mgr, queue, executor, staging_buffer=None, worker_index=0):
+    """Prefill, one per transfer worker thread: lower its CPU priority (worker_priority.py), then run
+    upstream's worker loop. When the loop raises for a chunk, settle that chunk's room (fail it and tell
+    decode, unless it was already cleared or concluded), count it and run the loop again on the same
+    queue (transfer_worker_guard.py). An exception with no chunk in hand still ends the thread."""
+    state = current()
+    state.transfer_worker_priority.lower_current_thread()
+    tap = ChunkTap(queue)
+    while True:
+        try:
+            return original(mgr, tap, executor, staging_buffer, worker_index)
+        except Exception as exc:
+            chunk = tap.taken
+            if chunk is None:
+                raise
+            room = int(chunk.room)
+            record(state.counters, room, recover_room(mgr, room, exc), exc)

@@ -126,13 +126,16 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         ProcessKind.SCHEDULER, "split a batch over SGLANG_PD_MOONCAKE_MAX_BATCH_DESCRIPTORS: mooncake's TCP "
         "transport refuses batches over its per-peer queue limit (page 1, many layers, fragmented pool)"),
     HookSpec(
-        f"{_DISAGG}.mooncake.conn.MooncakeKVManager.transfer_worker", "BEFORE", mooncake_conn.before_transfer_worker,
+        f"{_DISAGG}.mooncake.conn.MooncakeKVManager.transfer_worker", "AROUND", mooncake_conn.around_transfer_worker,
         ProcessKind.SCHEDULER, "the worker thread spins in batch_transfer_sync while its transfer runs: it runs "
-        "at SGLANG_PD_TRANSFER_WORKER_NICE so the spin takes no CPU a scheduler wants"),
+        "at SGLANG_PD_TRANSFER_WORKER_NICE so the spin takes no CPU a scheduler wants; an exception on one room "
+        "(0.5.23 races on a cleared room) fails only that room instead of ending the thread "
+        "(transfer_worker_guard.py)"),
     HookSpec(
         f"{_DISAGG}.mooncake.conn.MooncakeKVManager.send_kvcache", "AROUND", mooncake_conn.around_send_kvcache,
         ProcessKind.SCHEDULER, "tests only: an armed prefill_transfer_fail reports the room's send failed "
-        "(upstream's own prefill-side transport failure path); otherwise passes through"),
+        "(upstream's own prefill-side transport failure path), an armed prefill_worker_error raises in the "
+        "transfer worker; otherwise passes through"),
     HookSpec(
         f"{_DISAGG}.nixl.conn.NixlKVManager._await_handles", "AROUND", nixl_conn.around_await_handles,
         ProcessKind.SCHEDULER, "arm a stall deadline: upstream waits forever on a transfer that never ends"),
