@@ -1,5 +1,6 @@
 """Fault soak: >= 200 requests over multi-turn conversations with random client aborts, injected
-transfer failures on both sides (decode-local and at prefill's transport) and one prefill crash
+transfer failures on both sides (decode-local, at prefill's transport, and an exception in prefill's
+transfer worker, which must fail only its room and live on) and one prefill crash
 (SIGKILL, then restarted) in the middle. At the end: zero outstanding locks, KV pool back to its idle
 baseline (nothing in flight), both servers healthy, and every completed output equal to a plain
 server's. Own deployment (it kills prefill).
@@ -25,6 +26,7 @@ from conftest import LOG_ROOT, SESSION_PROBE_S, WAITING_TIMEOUT_S, record_figure
 from sglang_pd.config import LOCAL_PREFILL_TOKENS
 from sglang_pd.harness import DeploymentConfig, PDDeployment
 from sglang_pd.harness.deployment import new_bootstrap_room
+from sglang_pd.harness.hostile_peer import assert_threads_alive
 from sglang_pd.models import VOCAB_SIZE
 from sglang_pd.srt.hooks.attention_backend import BACKEND_NAME
 
@@ -36,6 +38,8 @@ REQUESTS_PER_TURN = 4   # each turn: 4 requests sharing the conversation prefix 
 ABORT_RATE = 0.08
 TRANSFER_FAIL_RATE = 0.04          # decode-local, right after the hand-off
 PREFILL_FAIL_RATE = 0.03           # at prefill's transport (mooncake then re-probes the decode session)
+WORKER_ERROR_RATE = 0.03           # prefill's transfer worker raises on the room (and must live on)
+FAULT_RATE = TRANSFER_FAIL_RATE + PREFILL_FAIL_RATE + WORKER_ERROR_RATE
 NEW_TOKENS = 6
 SOAK_DEADLINE_S = 900
 BOOTSTRAP_TIMEOUT_S = 30
@@ -103,13 +107,15 @@ def _conversation(dep: PDDeployment, local: bool, conv_id: int, stats: dict, loc
             if local and branch == 1 and turn in LOCAL_ABORTS:
                 _local_abort(dep, LOCAL_ABORTS[turn], prompt, stats, lock, deadline)
                 continue
-            if local and (branch == REQUESTS_PER_TURN - 1 or roll < TRANSFER_FAIL_RATE + PREFILL_FAIL_RATE):
+            if local and (branch == REQUESTS_PER_TURN - 1 or roll < FAULT_RATE):
                 # the PD path: too many new tokens to be computed on decode (a transfer fault needs it;
                 # each turn's last branch takes it beside the local ones)
                 prompt = prompt + [rng.randrange(3, VOCAB_SIZE) for _ in range(LOCAL_THRESHOLD + 1)]
-            if roll < TRANSFER_FAIL_RATE + PREFILL_FAIL_RATE:
+            if roll < FAULT_RATE:
                 side = dep.decodes[0] if roll < TRANSFER_FAIL_RATE else dep.prefill
-                fault = "transfer_fail_room" if side is dep.decodes[0] else "prefill_transfer_fail_room"
+                fault = ("transfer_fail_room" if side is dep.decodes[0] else
+                         "prefill_transfer_fail_room" if roll < TRANSFER_FAIL_RATE + PREFILL_FAIL_RATE else
+                         "prefill_worker_error_room")
                 room = new_bootstrap_room(rng)
                 while not _try(lambda: dep.arm_faults(side, **{fault: room})):  # prefill down: the crash
                     _count(stats, lock, "unserved")
@@ -119,7 +125,7 @@ def _conversation(dep: PDDeployment, local: bool, conv_id: int, stats: dict, loc
                 _count(stats, lock, "faults_injected")
                 assert resp is None or resp.status_code >= 400, f"injected {fault} not reported: {resp.text}"
                 continue
-            if roll < TRANSFER_FAIL_RATE + PREFILL_FAIL_RATE + ABORT_RATE:
+            if roll < FAULT_RATE + ABORT_RATE:
                 rid = f"soak-abort-{uuid.uuid4().hex[:10]}"
                 pool = cf.ThreadPoolExecutor(1)
                 pending = pool.submit(dep.post_generate_pd, prompt, 400, rid=rid)
@@ -204,11 +210,17 @@ def test_fault_soak(pd_soak: tuple[PDDeployment, str], plain_url: str):
     # Idle baseline: every KV slot is free or held by the (evictable) tree.
     assert after["free_tokens"] + after["evictable_tokens"] == before["free_tokens"] + before["evictable_tokens"]
     fired = {s: reports[s]["faults"]["fired"] for s in ("decode0", "prefill")}
+    prefill_state = dep.scheduler_state(dep.prefill)
+    assert_threads_alive(prefill_state["handshake"], "prefill")
+    worker_errors = prefill_state["counters"]["transfer_worker_errors_total"]
+    # every injected worker error (since the restart) failed its room, and the worker lived on
+    assert worker_errors.get("failed", 0) == fired["prefill"].get("prefill_worker_error", 0), (worker_errors, fired)
     local_figures = _check_local(dep, reports, stats) if local else None
     shared_figures = _check_shared(dep, reports) if variant.endswith("+shared") else None
     record_figures(f"fault_soak_{variant.replace('+', '_')}",
                    {"requests": total, **dict(sorted(stats.items())), "prefill_down_s": round(down_s, 1),
-                    "faults_fired": fired, "locks_taken": ledger["num_locks"],
+                    "faults_fired": fired, "prefill_transfer_worker_errors": worker_errors,
+                    "locks_taken": ledger["num_locks"],
                     "outstanding_locks": ledger["num_outstanding"], "local_prefill": local_figures,
                     "shared_attention_decode": shared_figures})
     print(f"\nSOAK requests={total} ok={stats['ok']} aborts={stats['aborts']} "

@@ -198,3 +198,22 @@ def test_the_tap_remembers_the_chunk_in_hand_and_forgets_it_while_waiting():
     tap.put("chunk")  # upstream re-enqueues deferred chunks through the same object
     assert tap.taken is None
     assert tap.get() == "chunk" and tap.taken == "chunk"
+
+
+def test_the_worker_error_fault_fires_only_where_the_worker_raises():
+    """Armed for a room, it fires at the room's send (not when its chunk is taken), once."""
+    from sglang_pd.srt.disaggregation.prefill_transfer_log import PrefillTransferLog
+    from sglang_pd.srt.disaggregation.transfer_watch import TransferWatch
+    from sglang_pd.srt.fault_injection import Fault, FaultPlan
+    from sglang_pd.srt.pd_metrics import PDCounters
+
+    faults = FaultPlan(enabled=True)
+    watch = TransferWatch(60, PrefillTransferLog(PDCounters()), faults)
+    faults.arm_room(Fault.PREFILL_WORKER_ERROR, BROKEN)
+    assert not watch.take_worker_error()  # no room in hand yet
+    watch.on_chunk(SERVED)
+    assert not watch.take_worker_error()
+    watch.on_chunk(BROKEN)
+    assert faults.fired == {}
+    assert watch.take_worker_error() and not watch.take_worker_error()
+    assert faults.fired == {Fault.PREFILL_WORKER_ERROR: 1} and faults.rooms == {}

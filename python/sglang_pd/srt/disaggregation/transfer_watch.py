@@ -45,12 +45,10 @@ class TransferWatch:
 
     def on_chunk(self, room: int) -> None:
         """This thread now serves `room` (an injected NIXL_STALL for it makes its transfers hang; an
-        injected PREFILL_TRANSFER_FAIL makes its next send report failure, an injected
-        PREFILL_WORKER_ERROR makes the mooncake worker raise at its next send)."""
+        injected PREFILL_TRANSFER_FAIL makes its next send report failure)."""
         self._worker.room = int(room)
         self._worker.stalled = self.faults.take(Fault.NIXL_STALL, int(room))
         self._worker.send_fails = self.faults.take(Fault.PREFILL_TRANSFER_FAIL, int(room))
-        self._worker.raises = self.faults.take(Fault.PREFILL_WORKER_ERROR, int(room))
 
     def take_send_failure(self) -> bool:
         """True once if this thread's room was armed to fail its send (test fault; mutates)."""
@@ -59,10 +57,10 @@ class TransferWatch:
         return fails
 
     def take_worker_error(self) -> bool:
-        """True once if this thread's room was armed to make the worker raise (test fault; mutates)."""
-        raises = getattr(self._worker, "raises", False)
-        self._worker.raises = False
-        return raises
+        """True once if this thread's room was armed to make the worker raise (test fault; mutates).
+        Taken where the worker raises, so a fired fault is always a raised exception."""
+        room = self.room()
+        return room is not None and self.faults.take(Fault.PREFILL_WORKER_ERROR, room)
 
     def room(self) -> int | None:
         """The room this thread serves, if known (read-only)."""
