@@ -210,9 +210,8 @@ def test_fault_soak(pd_soak: tuple[PDDeployment, str], plain_url: str):
     # Idle baseline: every KV slot is free or held by the (evictable) tree.
     assert after["free_tokens"] + after["evictable_tokens"] == before["free_tokens"] + before["evictable_tokens"]
     fired = {s: reports[s]["faults"]["fired"] for s in ("decode0", "prefill")}
-    prefill_state = dep.scheduler_state(dep.prefill)
-    assert_threads_alive(prefill_state["handshake"], "prefill")
-    worker_errors = prefill_state["counters"]["transfer_worker_errors_total"]
+    assert_threads_alive(reports["prefill"]["handshake"], "prefill")
+    worker_errors = reports["prefill"]["counters"]["transfer_worker_errors_total"]
     # every injected worker error (since the restart) failed its room, and the worker lived on
     assert worker_errors.get("failed", 0) == fired["prefill"].get("prefill_worker_error", 0), (worker_errors, fired)
     local_figures = _check_local(dep, reports, stats) if local else None

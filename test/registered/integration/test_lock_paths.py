@@ -13,7 +13,7 @@ from conftest import WAITING_TIMEOUT_S, initial_states
 from lock_checks import assert_lock_held, assert_released_once, in_background, wait_for_plan
 from sglang_pd.harness import PDDeployment
 from sglang_pd.harness.deployment import new_bootstrap_room
-from sglang_pd.harness.hostile_peer import assert_threads_alive, handshake_view
+from sglang_pd.harness.hostile_peer import assert_threads_alive
 from sglang_pd.harness.server import free_port
 from sglang_pd.models import VOCAB_SIZE
 
@@ -243,7 +243,7 @@ def test_transfer_worker_error_fails_only_that_room(pd_page16: PDDeployment, pla
     plan = reports["decode0"]["decode_admission"]["plans"][rid]
     assert plan["decode_prefix_len"] >= locked
     assert_released_once(reports, rid, plan["decode_prefix_len"])
-    assert_threads_alive(handshake_view(dep, dep.prefill), "prefill")
+    assert_threads_alive(reports["prefill"]["handshake"], "prefill")
     assert requests.get(dep.prefill.url + "/health", timeout=60).status_code == 200
     for seed in (112, 113):  # served at once, by the worker that raised
         again = _tokens(seed, 40)

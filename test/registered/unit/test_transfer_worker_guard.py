@@ -85,14 +85,19 @@ def last_chunk(room: int):
                            is_last_chunk=True, prefill_aux_index=0, state_indices=None)
 
 
-def run_worker(worker, mgr, items) -> dict:
-    """Run `worker(mgr, queue, ...)` on its own thread over a real FastQueue holding `items`, then
-    None (upstream's stop sentinel); the exception it ended with, if any."""
+def queue_of(*items):
+    """A real FastQueue holding `items`, then None (upstream's stop sentinel)."""
     from sglang.srt.disaggregation.common.utils import FastQueue
 
     queue = FastQueue()
     for item in [*items, None]:
         queue.put(item)
+    return queue
+
+
+def run_worker(worker, mgr, queue) -> dict:
+    """Run `worker(mgr, queue, None)` on its own thread (the hook lowers its thread's CPU priority for
+    good) until it ends; the exception it ended with, if any."""
     out: dict = {"error": None}
 
     def body():
@@ -104,8 +109,15 @@ def run_worker(worker, mgr, items) -> dict:
     thread = threading.Thread(target=body, name="Thread-test (transfer_worker)")
     thread.start()
     thread.join(30)
-    assert not thread.is_alive(), "the worker did not stop at the sentinel"
+    assert not thread.is_alive(), "the worker did not end"
     return out
+
+
+def hooked_worker(mgr, queue, executor):
+    """Upstream's worker behind our AROUND hook, called as SGLang's HookRegistry wrapper calls it."""
+    from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager
+
+    return around_transfer_worker(MooncakeKVManager.transfer_worker, mgr, queue, executor)
 
 
 def test_upstream_alone_the_worker_dies_and_the_next_room_is_never_served(decode_listener):
@@ -114,7 +126,7 @@ def test_upstream_alone_the_worker_dies_and_the_next_room_is_never_served(decode
     from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager
 
     mgr = prefill_manager(decode_listener[1])
-    out = run_worker(MooncakeKVManager.transfer_worker, mgr, [last_chunk(BROKEN), last_chunk(SERVED)])
+    out = run_worker(MooncakeKVManager.transfer_worker, mgr, queue_of(last_chunk(BROKEN), last_chunk(SERVED)))
     assert isinstance(out["error"], RuntimeError) and "is dead" in str(out["error"])
     assert isinstance(out["error"].__context__, KeyError)
     assert mgr.request_status == {BROKEN: KVPoll.Transferring, SERVED: KVPoll.Transferring}
@@ -128,10 +140,7 @@ def test_behind_the_hook_the_room_fails_decode_is_told_and_the_worker_serves_the
     mgr = prefill_manager(port)
     assert mgr.request_status[BROKEN] == KVPoll.Transferring and BROKEN not in mgr.failure_records
 
-    def hooked(m, queue, executor):
-        return around_transfer_worker(MooncakeKVManager.transfer_worker, m, queue, executor)
-
-    out = run_worker(hooked, mgr, [last_chunk(BROKEN), last_chunk(SERVED)])
+    out = run_worker(hooked_worker, mgr, queue_of(last_chunk(BROKEN), last_chunk(SERVED)))
     assert out["error"] is None
     assert mgr.request_status[BROKEN] == KVPoll.Failed
     assert mgr.request_status[SERVED] == KVPoll.Success
@@ -165,25 +174,14 @@ def test_a_cleared_room_keeps_nothing_and_a_concluded_room_is_left_as_it_is(deco
 
 def test_an_exception_with_no_chunk_in_hand_still_ends_the_thread(decode_listener, pd_state):
     """No room to settle: the hook re-raises upstream's error, and thread_watch.py reports the death."""
-    from sglang.srt.disaggregation.mooncake.conn import MooncakeKVManager
 
     class QueueThatFails:
         def get(self):
             raise OSError("queue broke")
 
     mgr = prefill_manager(decode_listener[1])
-    out: dict = {}
-
-    def body():  # on its own thread: the hook lowers its thread's CPU priority for good
-        try:
-            around_transfer_worker(MooncakeKVManager.transfer_worker, mgr, QueueThatFails(), None)
-        except RuntimeError as exc:
-            out["error"] = exc
-
-    thread = threading.Thread(target=body)
-    thread.start()
-    thread.join(30)
-    assert not thread.is_alive()
+    out = run_worker(hooked_worker, mgr, QueueThatFails())
+    assert isinstance(out["error"], RuntimeError)
     assert "queue broke" in str(out["error"]) and "is dead" in str(out["error"])
     assert isinstance(out["error"].__context__, OSError)
     assert pd_state.counters.labelled[COUNTER] == {}

@@ -64,6 +64,11 @@ class ChunkTap:
         return getattr(self._queue, name)
 
 
+def cause(error: BaseException) -> BaseException:
+    """The exception the worker met: upstream re-raises it as RuntimeError("... is dead")."""
+    return error.__context__ or error
+
+
 def recover_room(mgr: Any, room: int, error: BaseException) -> Outcome:
     """Settle `room` after the transfer worker of `mgr` (a prefill KV manager) raised `error` while
     handling one of its chunks. Mutates the manager's room state; call on that worker's thread."""
@@ -75,9 +80,8 @@ def recover_room(mgr: Any, room: int, error: BaseException) -> Outcome:
         return Outcome.CLEARED
     if status == KVPoll.Success:
         return Outcome.CONCLUDED
-    cause = error.__context__ or error
     mgr.conclude_failure(bootstrap_room=room,
-                         failure_reason=f"prefill's transfer worker raised {cause!r} on this room "
+                         failure_reason=f"prefill's transfer worker raised {cause(error)!r} on this room "
                                         f"(sglang_pd failed the room and kept the worker)")
     mgr._staging_outstanding.pop(room, None)
     return Outcome.FAILED
@@ -88,4 +92,4 @@ def record(counters: PDCounters, room: int, outcome: Outcome, error: BaseExcepti
     first = not any(counters.labelled[COUNTER].values())
     counters.add_labelled(COUNTER, outcome.value)
     logger.error("sglang_pd: prefill's transfer worker raised on room %d; room %s, worker kept: %r", room,
-                 outcome.value, error.__context__ or error, exc_info=error if first else None)
+                 outcome.value, cause(error), exc_info=error if first else None)
