@@ -104,6 +104,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "prompt_digest_mismatches_total": ("counter", "prefill requests refused because their room's transfer info "
                                        "was sent for a different prompt (two requests share one room)"),
     "unclaimed_rooms_expired_total": ("counter", "rooms whose transfer infos were dropped: no request claimed them"),
+    "late_transfer_infos_refused_total": ("counter", "decode transfer infos refused: prefill's own request for the "
+                                                     "room had already failed (decode told at once)"),
     "pd_threads_dead": ("gauge", "PD threads (bootstrap, status listener, transfer workers) found dead; /health "
                                  "fails while > 0"),
     # PD scheduler waits (srt/disaggregation/idle_wait.py)

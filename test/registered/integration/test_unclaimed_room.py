@@ -5,7 +5,14 @@ with a reason naming that, instead of holding its lock and pages until decode's 
 serving; a prefill half that arrives after all fails at once. Prefill tells only a decode endpoint that
 registered with it (never one a message names).
 NIXL's status message carries the reason to the client; mooncake's carries none (SGLang's decode then
-reports its generic prefill failure), so there the test tells the two exits apart by time and text."""
+reports its generic prefill failure), so there the test tells the two exits apart by time and text.
+
+The other order: a prefill half that failed on its own (here: SGLang's bootstrap timeout, no transfer
+info came) and a decode half that arrives after. SGLang re-creates the cleared room for the late
+transfer info and decode would wait until the room expires as unclaimed; prefill remembers the room
+its request failed, refuses the late transfer info and tells decode at once (counted apart from the
+unclaimed expiry, which stays unchanged). Past the TTL prefill no longer remembers the room, and a
+transfer info arriving then is left to that expiry: decode is told at the TTL, not at its own timeout."""
 
 import time
 import uuid
@@ -22,11 +29,13 @@ pytestmark = pytest.mark.integration
 
 TTL_S = 3
 WAITING_TIMEOUT_S = 300  # decode's own patience, SGLang's default: far longer than the TTL
+BOOTSTRAP_TIMEOUT_S = 10  # prefill's patience for decode's transfer info (SGLang's default 300 s)
 
 
 @pytest.fixture(scope="module", params=["nixl", "mooncake_tcp"])
 def pd_ttl(request):
-    env = ((UNCLAIMED_ROOM_TTL_S, str(TTL_S)), ("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)))
+    env = ((UNCLAIMED_ROOM_TTL_S, str(TTL_S)), ("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)),
+           ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", str(BOOTSTRAP_TIMEOUT_S)))
     config = DeploymentConfig(page_size=16, transfer_backend=request.param, env_overrides=env,
                               log_dir=LOG_ROOT / f"unclaimed_room_{request.param}")
     with PDDeployment(config) as dep:
@@ -71,3 +80,67 @@ def test_a_decode_half_without_its_prefill_half_fails_at_the_unclaimed_ttl(pd_tt
     # the pair serves on, the same prompt included
     assert dep.generate_pd(prompt, 8)[1]["meta_info"]["decode_prefix_len"] >= 48
     dep.wait_clean()
+
+
+def _prefill_half_times_out(dep: PDDeployment, prompt: list[int], rid: str, pairing: dict) -> None:
+    """Send only the prefill half: no transfer info comes, so SGLang fails it at its bootstrap timeout."""
+    start = time.monotonic()
+    early = dep.post_generate(dep.prefill.url, prompt, 8, timeout=120, rid=f"{rid}-prefill", **pairing)
+    waited = time.monotonic() - start
+    assert early.status_code >= 400 and "timed out" in early.text, early.text
+    assert BOOTSTRAP_TIMEOUT_S * 0.9 <= waited < 60, waited
+
+
+def test_a_decode_half_after_its_prefill_half_failed_is_told_at_once(pd_ttl: PDDeployment):
+    dep = pd_ttl
+    primed = _prompt(3, 48)
+    dep.generate_pd(primed, 8)  # decode holds this prefix: the late half below matches and locks it
+    prompt = primed + _prompt(4, 9)
+    rid = f"late-decode-{uuid.uuid4().hex[:8]}"
+    pairing = dep.pairing()
+    counters0 = dep.scheduler_state(dep.prefill)["counters"]
+    _prefill_half_times_out(dep, prompt, rid, pairing)
+    gate = dep.scheduler_state(dep.prefill)["handshake"]["gate"]
+    assert gate["num_failed_rooms"] >= 1  # the state this test is about: prefill remembers the room
+    start = time.monotonic()
+    resp = dep.post_generate(dep.decodes[0].url, prompt, 8, timeout=WAITING_TIMEOUT_S / 2, rid=rid, **pairing)
+    elapsed = time.monotonic() - start
+    assert resp.status_code >= 400 and "WAITING_TIMEOUT" not in resp.text, resp.text
+    if dep.config.transfer_backend == "nixl":
+        assert "arrived after prefill's request for it had failed: Request" in resp.text, resp.text
+    else:
+        assert "Failed to get kvcache from prefill" in resp.text, resp.text  # SGLang's text for a prefill failure
+    plan = wait_for_plan(dep, rid)  # decode matched, locked and preallocated before its info went out
+    assert plan["decode_prefix_len"] >= 48
+    time.sleep(TTL_S + 2)  # an admitted info would have expired as unclaimed by now
+    counters = dep.scheduler_state(dep.prefill)["counters"]
+    assert counters["late_transfer_infos_refused_total"] == counters0.get("late_transfer_infos_refused_total", 0) + 1
+    assert counters["unclaimed_rooms_expired_total"] == counters0["unclaimed_rooms_expired_total"]
+    assert elapsed < 30, elapsed  # told at once, not at the TTL (3 s here, 120 s by default) or decode's timeout
+    assert_released_once(dep.wait_clean(), rid, plan["decode_prefix_len"])
+    assert dep.generate_pd(prompt, 8)[1]["meta_info"]["decode_prefix_len"] >= 48  # the pair serves on
+    dep.wait_clean()
+
+
+def test_a_decode_half_after_prefill_forgot_its_failed_room_expires_at_the_ttl(pd_ttl: PDDeployment):
+    dep = pd_ttl
+    primed = _prompt(5, 48)
+    dep.generate_pd(primed, 8)
+    prompt = primed + _prompt(6, 9)
+    rid = f"later-decode-{uuid.uuid4().hex[:8]}"
+    pairing = dep.pairing()
+    counters0 = dep.scheduler_state(dep.prefill)["counters"]
+    _prefill_half_times_out(dep, prompt, rid, pairing)
+    time.sleep(TTL_S + 1)  # prefill remembers a failed room for the TTL only
+    start = time.monotonic()
+    resp = dep.post_generate(dep.decodes[0].url, prompt, 8, timeout=WAITING_TIMEOUT_S / 2, rid=rid, **pairing)
+    elapsed = time.monotonic() - start
+    assert resp.status_code >= 400 and "WAITING_TIMEOUT" not in resp.text, resp.text
+    if dep.config.transfer_backend == "nixl":
+        assert "no prefill request claimed it within 3 s" in resp.text, resp.text
+    counters = dep.scheduler_state(dep.prefill)["counters"]
+    assert counters["unclaimed_rooms_expired_total"] == counters0["unclaimed_rooms_expired_total"] + 1
+    assert counters["late_transfer_infos_refused_total"] == counters0.get("late_transfer_infos_refused_total", 0)
+    assert TTL_S * 0.9 <= elapsed < 30, elapsed  # the TTL, not decode's own timeout
+    plan = wait_for_plan(dep, rid)
+    assert_released_once(dep.wait_clean(), rid, plan["decode_prefix_len"])

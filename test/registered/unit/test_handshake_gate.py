@@ -3,6 +3,7 @@
 import logging
 import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import zmq
@@ -227,3 +228,92 @@ def test_an_unclaimed_room_is_reported_only_to_decodes_that_registered_the_named
     assert registered_targets({"a": info("10.0.0.1", 5001), "a2": info("10.0.0.1", 5001)},
                               {**peers, "a2": peers["a"]}.get) == [("10.0.0.1", 5001)]  # two ranks, one message
     assert registered_targets({}, peers.get) == []
+
+
+def test_a_transfer_info_after_prefills_own_request_failed_is_refused_and_decode_told():
+    host = Host()
+    host.peers[PEER.name] = PeerRecord(PEER.ip, PEER.port)
+    clock = Clock()
+    failed = RoomTombstones(10, clock=clock)
+    g = gate(host, clock=clock, failed_rooms=failed)
+    failed.bury(12, "Request 12 timed out after 3.0s in KVPoll.Bootstrapping")  # the sender's clear, failed
+    assert failed.reason(12) is not None and 12 not in host.rooms  # the state this test is about
+    assert g.admit(T.transfer_info(12, [1, 2]), "10.0.0.9") is None
+    room, reason, notify = host.failed[-1]
+    assert (room, notify) == (12, (PEER.ip, PEER.port))  # the decode that registered is told at once
+    assert "arrived after prefill's request for it had failed: Request 12 timed out" in reason
+    assert g.tombstones.take(12) is None  # the room had a request: a new prefill half on it is not failed
+    assert g.admit(T.transfer_info(12, [1, 2]), "10.0.0.9") is None  # every decode rank's info: same answer
+    assert g.snapshot()["num_late_transfer_infos"] == 2 and g.snapshot()["num_failed_rooms"] == 1
+    assert g.unclaimed.snapshot()["num_tracked"] == 0  # refused infos are not held for the TTL
+    host.rooms.add(12)  # a new request claimed the room (the hook also discards it): its infos pass
+    assert g.admit(T.transfer_info(12, [1]), "10.0.0.9") == T.transfer_info(12, [1])
+    host.rooms.discard(12)
+    failed.discard(12)
+    assert g.admit(T.transfer_info(12, [1]), "10.0.0.9") == T.transfer_info(12, [1])
+    failed.bury(13, "Aborted by AbortReq.")
+    clock.now += 11  # past the TTL: left to the unclaimed-room expiry
+    assert g.admit(T.transfer_info(13, [1]), "10.0.0.9") == T.transfer_info(13, [1])
+    assert g.snapshot()["num_late_transfer_infos"] == 2
+
+
+class Manager:
+    """The tables of SGLang's prefill KV manager that the sender hooks and ManagerHost read and write."""
+
+    def __init__(self):
+        self.request_status, self.transfer_infos, self.req_to_decode_prefix_len = {}, {}, {}
+        self.failure_records: dict[int, str] = {}
+        self.decode_kv_args_table = {PEER.name: SimpleNamespace(endpoint=PEER.ip, dst_port=PEER.port)}
+        self.told: list[tuple] = []
+
+    def send_kv_status_message(self, targets, bootstrap_room, status, failure_reason=None):
+        self.told.append((tuple(targets), bootstrap_room, status, failure_reason))
+
+    def clear(self, sender):
+        """What SGLang's CommonKVSender.clear does to these tables (conclude_state set before)."""
+        for table in (self.request_status, self.req_to_decode_prefix_len, self.transfer_infos):
+            table.pop(sender.bootstrap_room, None)
+
+
+def test_a_cleared_sender_ends_its_claim_and_a_failed_one_is_remembered_for_late_transfer_infos():
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    from sglang_pd.srt.disaggregation.manager_host import ManagerHost
+    from sglang_pd.srt.hooks import common_conn
+    from sglang_pd.srt.state import current
+
+    mgr, clock = Manager(), Clock()
+    lim = FrameLimits("mooncake", Side.PREFILL, 16, 64, 1 << 20, aux_item_lens=(32,), aux_slots=(8,))
+    guard = current().peer_guard
+    guard.host = host = ManagerHost(mgr, lim)
+    guard.failed_rooms = RoomTombstones(10, clock=clock)
+    g = HandshakeGate(lim, host, None, UnclaimedRooms(10, clock=clock), None, clock=clock,
+                      failed_rooms=guard.failed_rooms)
+    senders = {room: SimpleNamespace(bootstrap_room=room, conclude_state=None, kv_mgr=mgr) for room in (7, 8)}
+    for room, sender in senders.items():
+        common_conn.after_sender_init(None, sender, mgr, "addr", room)
+        mgr.request_status[room] = KVPoll.Bootstrapping
+    assert host.room_claimed(7) and host.room_claimed(8)
+    # room 7's request fails at the bootstrap timeout; room 8's succeeds; SGLang clears both
+    mgr.failure_records[7] = "Request 7 timed out after 10.0s in KVPoll.Bootstrapping"
+    senders[7].conclude_state, senders[8].conclude_state = KVPoll.Failed, KVPoll.Success
+    for sender in senders.values():
+        mgr.clear(sender)
+        common_conn.after_sender_clear(None, sender)
+    assert host.claimed == set()  # ended with the request, not left for prune to find
+    assert guard.failed_rooms.reason(7).startswith("Request 7 timed out") and guard.failed_rooms.reason(8) is None
+    # late transfer infos; SGLang would re-create each room's status entry for them
+    assert g.admit(T.transfer_info(7, [1]), "10.0.0.9") is None  # refused, and its decode told at once:
+    assert mgr.told == [(((PEER.ip, PEER.port),), 7, KVPoll.Failed, mgr.told[0][3])]
+    assert "arrived after prefill's request for it had failed: Request 7 timed out" in mgr.told[0][3]
+    assert g.admit(T.transfer_info(8, [1]), "10.0.0.9") is not None  # not failed: admitted, then...
+    mgr.request_status[8], mgr.transfer_infos[8] = KVPoll.WaitingForInput, {PEER.name: SimpleNamespace(
+        endpoint=PEER.ip, dst_port=PEER.port)}
+    assert not host.room_claimed(8)  # ...nobody's: the old request's claim does not cover it
+    clock.now += 11
+    assert g.housekeeping() == [8] and 8 not in mgr.request_status  # expired at the TTL, its decode told
+    assert mgr.told[-1][:3] == (((PEER.ip, PEER.port),), 8, KVPoll.Failed)
+    # a new request on room 7 (a reused room): its own transfer infos pass
+    common_conn.after_sender_init(None, SimpleNamespace(bootstrap_room=7), mgr, "addr", 7)
+    mgr.request_status[7] = KVPoll.Bootstrapping
+    assert guard.failed_rooms.reason(7) is None and g.admit(T.transfer_info(7, [1]), "10.0.0.9") is not None

@@ -7,7 +7,8 @@ Steps, in order:
   2. schema (`handshake_frames.check_message`): every frame a reader later touches;
   3. state: a transfer info must name a registered peer at the endpoint it registered (prefill's
      transfer worker looks it up), the registration table is bounded, AUX_DATA must name a room
-     decode is waiting on;
+     decode is waiting on; prefill: a transfer info for a room whose own request already failed here
+     (and was cleared) is too late;
   4. a rejected message with a readable room fails that room (prefill: decode told when it names a
      registered peer; a room not created yet is remembered and failed when it appears).
 Prefill: a transfer info's trailing prompt-digest frame (ours, prompt_binding.py) is taken off before
@@ -70,6 +71,7 @@ class GateCounts:
     num_rooms_failed: int = 0
     num_unsigned_accepted: int = 0   # signed by a peer while this server has no secret (trailer stripped)
     refused_after_admit: dict[str, int] = field(default_factory=dict)  # admitted here, refused by a later check
+    num_late_transfer_infos: int = 0  # prefill: transfer infos for a room its own request had failed
 
 
 def registered_endpoint(registered_peer: Callable[[str], PeerRecord | None], name: str,
@@ -87,8 +89,9 @@ class HandshakeGate:
                  unclaimed: UnclaimedRooms | None, tombstones: RoomTombstones | None,
                  on_count: Callable[[str, int], None] = lambda name, n: None, max_peers: int = 1024,
                  clock: Callable[[], float] = time.monotonic, capture: bool = False,
-                 digests: PromptDigests | None = None):
+                 digests: PromptDigests | None = None, failed_rooms: RoomTombstones | None = None):
         self.limits, self.host, self.auth = limits, host, auth
+        self.failed_rooms = failed_rooms  # prefill: rooms its own request failed and cleared (room_expiry.py)
         self.digests = digests  # prefill: prompt digests of admitted transfer infos (None: frame not expected)
         self.unclaimed, self.tombstones = unclaimed, tombstones
         # what decode (and a prefill half arriving later) is told about a room dropped as unclaimed
@@ -126,10 +129,12 @@ class HandshakeGate:
             digest_problem = f"a prompt digest frame ends a {verdict.kind.value} message"
         reason = verdict.reason or (digest_problem and f"{verdict.kind.value} for room {verdict.room}: "
                                     f"{digest_problem}") or self._state_problem(verdict)
+        late = None if reason is not None else self._failed_here(verdict)
+        reason = reason or late
         if reason is None and verdict.kind is MessageKind.TRANSFER_INFO and self.digests is not None:
             reason = self.digests.record(verdict.room, digest)  # refused when the room serves another prompt
         if reason is not None:
-            self._reject(verdict, reason, peer)
+            self._reject(verdict, reason, peer, bury=late is None)
             return None
         if verdict.kind is MessageKind.TRANSFER_INFO and self.unclaimed is not None:
             self.unclaimed.note(verdict.room, sum(map(len, body)))
@@ -209,7 +214,23 @@ class HandshakeGate:
             return f"AUX_DATA for room {verdict.room}, which this decode is not waiting on"
         return None
 
-    def _reject(self, verdict: Verdict, reason: str, peer: str) -> None:
+    def _failed_here(self, verdict: Verdict) -> str | None:
+        """Prefill: why a transfer info is too late, when its room's own request failed here and was cleared
+        (no request claims the room now). SGLang would re-create the room and decode would hold its lock
+        and pages until the room expires as unclaimed; refused, decode is told at once."""
+        if verdict.kind is not MessageKind.TRANSFER_INFO or self.failed_rooms is None:
+            return None
+        why = self.failed_rooms.reason(verdict.room)
+        if why is None or self.host.room_claimed(verdict.room):
+            return None
+        self._on_count("late_transfer_infos_refused_total", 1)
+        with self._lock:
+            self.counts.num_late_transfer_infos += 1
+        return f"transfer info for room {verdict.room} arrived after prefill's request for it had failed: {why}"
+
+    def _reject(self, verdict: Verdict, reason: str, peer: str, bury: bool = True) -> None:
+        """Count and log a refused message; fail its room (telling a registered decode). `bury`: remember a
+        room that did not exist yet, so its request fails when it appears (not for a room already ended)."""
         with self._lock:
             key = verdict.kind.value
             self.counts.rejected[key] = self.counts.rejected.get(key, 0) + 1
@@ -220,7 +241,7 @@ class HandshakeGate:
             return
         notify = self._notify_target(verdict)
         existed = self.host.fail_room(verdict.room, text, notify)
-        if not existed and self.tombstones is not None and self.limits.side is Side.PREFILL:
+        if bury and not existed and self.tombstones is not None and self.limits.side is Side.PREFILL:
             self.tombstones.bury(verdict.room, text)
         with self._lock:
             self.counts.num_rooms_failed += 1
@@ -263,6 +284,7 @@ class HandshakeGate:
                 "rejected": dict(counts.rejected), "auth_refused": dict(counts.auth_refused),
                 "num_rooms_failed": counts.num_rooms_failed, "num_unsigned_accepted": counts.num_unsigned_accepted,
                 "refused_after_admit": dict(counts.refused_after_admit),
+                "num_late_transfer_infos": counts.num_late_transfer_infos,
                 "peers": {p: {**e, "by_reason": dict(e["by_reason"])} for p, e in self._peers.items()},
                 "max_frame_bytes": self.limits.max_frame_bytes, "max_kv_pages": self.limits.max_kv_pages,
             }
@@ -270,6 +292,8 @@ class HandshakeGate:
             view["unclaimed_rooms"] = self.unclaimed.snapshot()
         if self.tombstones is not None:
             view["num_tombstones"] = len(self.tombstones)
+        if self.failed_rooms is not None:
+            view["num_failed_rooms"] = len(self.failed_rooms)
         if self.digests is not None:
             view["prompt_digests"] = self.digests.snapshot()
         if self.captured is not None:

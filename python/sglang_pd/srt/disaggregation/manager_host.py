@@ -1,8 +1,8 @@
 """SGLang's KV manager as the `HandshakeGate`'s host: reads and fails rooms through SGLang's own methods.
 
 Holds no patching: the hook layer (srt/hooks/common_conn.py) builds one per guarded manager and hands it
-to the gate. Methods run on the rank socket's reading thread, `claimed` is also added to from the
-scheduler thread (a set add is atomic under the GIL; `prune` copies before iterating).
+to the gate. Methods run on the rank socket's reading thread, `claimed` is also added to and removed
+from on the scheduler thread (set add / discard are atomic under the GIL; `prune` copies before iterating).
 """
 
 from __future__ import annotations
@@ -15,8 +15,10 @@ class ManagerHost:
     """SGLang's KV manager as the gate's `GateHost` (reads and fails rooms through SGLang's own methods).
 
     A prefill room is *claimed* while a local request's sender exists for it (added by the sender hook,
-    pruned once SGLang clears the room); SGLang itself creates a room's status entry as soon as a
-    transfer info names it, so its status table alone cannot tell a waiting request from a foreign room."""
+    removed by the sender-clear hook, pruned once SGLang clears the room); SGLang itself creates a room's
+    status entry as soon as a transfer info names it, so its status table alone cannot tell a waiting
+    request from a foreign room, nor from a room whose request ended and a late transfer info re-created
+    (hence the removal at clear: prune alone would keep that claim)."""
 
     def __init__(self, mgr, limits: FrameLimits):
         self.mgr, self.limits = mgr, limits

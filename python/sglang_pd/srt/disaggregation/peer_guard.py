@@ -67,7 +67,8 @@ class PeerGuard:
     room_ttl_s: float = 120.0                   # SGLANG_PD_UNCLAIMED_ROOM_TTL_S
     gate: HandshakeGate | None = None
     watch: ThreadWatch | None = None
-    tombstones: RoomTombstones | None = None
+    tombstones: RoomTombstones | None = None     # prefill: rooms a rejected message failed before their request
+    failed_rooms: RoomTombstones | None = None   # prefill: rooms their own request failed (late transfer infos)
     digests: PromptDigests | None = None         # prefill: prompt digests of admitted transfer infos
     outgoing: OutgoingDigests = field(default_factory=OutgoingDigests)  # decode: digest of the info being sent
     endpoint: str | None = None                 # this scheduler's rank socket, tcp://ip:port

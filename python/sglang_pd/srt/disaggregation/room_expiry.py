@@ -6,11 +6,17 @@ kept forever: three well-formed 32 MiB messages grew prefill by 96 MB. `Unclaime
 every room that received a transfer info and, once it has been unclaimed for `ttl_s` (or the
 unclaimed total passes `max_rooms` / `max_bytes`, oldest first), tells the caller to drop it.
 
-`RoomTombstones` remembers rooms failed by a rejected message before their request existed here, so
-the request fails as soon as it appears instead of waiting for the bootstrap timeout.
+`RoomTombstones` remembers rooms that failed, in two directions (one instance each):
+- failed by a rejected message before their request existed here, so the request fails as soon as it
+  appears instead of waiting for the bootstrap timeout (written by the rank socket's reader, taken by
+  the scheduler);
+- failed by their own prefill request (bootstrap timeout, abort, a failed transfer) and cleared, so a
+  decode transfer info that arrives after that is refused and its decode told at once, instead of
+  SGLang re-creating the room and decode holding its prefix lock and pages until the room expires as
+  unclaimed (written by the scheduler at the sender's clear, read by the rank socket's reader).
 
 `UnclaimedRooms` is used by one thread (the rank socket's reader) plus read-only snapshots; the
-tombstones are written by that thread and taken by the scheduler's, so they have a lock.
+tombstones are shared by two threads, so they have a lock.
 """
 
 from __future__ import annotations
@@ -92,6 +98,20 @@ class RoomTombstones:
             self._rooms.move_to_end(room)
             while len(self._rooms) > self.max_rooms:
                 self._rooms.popitem(last=False)
+
+    def reason(self, room: int) -> str | None:
+        """The reason `room` failed, if remembered and not expired (read-only: every decode rank's transfer
+        info for the room gets the same answer)."""
+        with self._lock:
+            entry = self._rooms.get(room)
+        if entry is None or self._clock() - entry[0] > self.ttl_s:
+            return None
+        return entry[1]
+
+    def discard(self, room: int) -> None:
+        """Forget `room` (mutates): a new request claimed it, so a later message for it is that request's."""
+        with self._lock:
+            self._rooms.pop(room, None)
 
     def take(self, room: int) -> str | None:
         """The reason `room` failed, if remembered and not expired (forgets it)."""

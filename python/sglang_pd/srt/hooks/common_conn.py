@@ -8,6 +8,8 @@ and NIXL managers (subclasses of CommonKVManager):
   transfer info, ABORT, BOOTSTRAP, room decline) carries the auth trailer when a secret is configured.
 - CommonKVSender.__init__ (AFTER): the room is claimed by a local request; a room a rejected message
   failed before its request existed fails now instead of waiting for the bootstrap timeout.
+- CommonKVSender.clear (AFTER): the room is no longer bound to its prompt; a room whose request failed
+  is remembered, so a decode transfer info that arrives after is refused and its decode told at once.
 - CommonKVSender._prepare_send_indices (AFTER): KV pages really handed to the transport, per room.
 - the room decline (srt/disaggregation/room_decline.py), both ends of it:
 
@@ -100,10 +102,11 @@ def _install(mgr, limits: FrameLimits, before) -> None:
     state = current()
     guard, ttl = state.peer_guard, state.peer_guard.room_ttl_s
     guard.tombstones = RoomTombstones(ttl) if prefill else None
+    guard.failed_rooms = RoomTombstones(ttl) if prefill else None
     guard.digests = PromptDigests() if prefill else None
     guard.gate = HandshakeGate(limits, host, guard.auth, UnclaimedRooms(ttl) if prefill else None,
                                guard.tombstones, on_count=state.counters.add, capture=state.settings.fault_injection,
-                               digests=guard.digests)
+                               digests=guard.digests, failed_rooms=guard.failed_rooms)
     mgr.server_socket = GuardedSocket.around(mgr.server_socket, guard.gate, on_error=_count_gate_error,
                                              before_admit=_injected_reader_exit)
     ip = f"[{mgr.local_ip}]" if ":" in str(mgr.local_ip) else mgr.local_ip
@@ -177,10 +180,12 @@ def around_receiver_connect(original, cls, endpoint, is_ipv6=False):
 
 def after_sender_init(result, sender, mgr, bootstrap_addr, bootstrap_room, req_has_disagg_prefill_dp_rank=False):
     """Record the room as claimed by a local request; fail it at once if a rejected message failed it before."""
-    tombstones = current().peer_guard.tombstones
-    host = current().peer_guard.host
+    guard = current().peer_guard
+    tombstones, host = guard.tombstones, guard.host
     if host is not None:
         host.claimed.add(int(bootstrap_room))
+    if guard.failed_rooms is not None:  # a new request on the room: later transfer infos are for it
+        guard.failed_rooms.discard(int(bootstrap_room))
     reason = tombstones.take(int(bootstrap_room)) if tombstones is not None else None
     if reason is not None:
         from sglang.srt.disaggregation.base.conn import KVPoll
@@ -192,10 +197,22 @@ def after_sender_init(result, sender, mgr, bootstrap_addr, bootstrap_room, req_h
 
 def after_sender_clear(result, sender):
     """Prefill: the request's sender is cleared (upstream's end of a room's life here): its room is no
-    longer bound to its prompt (prompt_binding.py)."""
-    digests = current().peer_guard.digests
-    if digests is not None and sender.bootstrap_room is not None:
-        digests.unbind(int(sender.bootstrap_room), sender)
+    longer bound to its prompt (prompt_binding.py) nor claimed; if the request failed (bootstrap timeout, abort, a
+    failed transfer) the room is remembered with the reason SGLang recorded, for the gate to refuse a
+    decode transfer info that arrives after (SGLang would re-create the room for it)."""
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    guard = current().peer_guard
+    if sender.bootstrap_room is None:
+        return result
+    room = int(sender.bootstrap_room)
+    if guard.host is not None:  # SGLang popped the room: a transfer info arriving now is nobody's (TTL expiry)
+        guard.host.claimed.discard(room)
+    if guard.digests is not None:
+        guard.digests.unbind(room, sender)
+    if guard.failed_rooms is not None and getattr(sender, "conclude_state", None) == KVPoll.Failed:
+        why = sender.kv_mgr.failure_records.get(room) or "failed (no reason recorded)"
+        guard.failed_rooms.bury(room, why)
     return result
 
 

@@ -269,7 +269,8 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         "secret is set"),
     HookSpec(
         f"{_CONN}.CommonKVSender.clear", "AFTER", common_conn.after_sender_clear, ProcessKind.SCHEDULER,
-        "prefill: a cleared request no longer binds its room to its prompt (prompt_binding.py)"),
+        "prefill: a cleared request no longer binds its room to its prompt (prompt_binding.py); a failed one's "
+        "room is remembered so a late decode transfer info is refused and its decode told at once"),
     HookSpec(
         f"{_CONN}.CommonKVSender.__init__", "AFTER", common_conn.after_sender_init, ProcessKind.SCHEDULER,
         "the room is claimed by a local request; one a rejected message failed before it arrived fails at once"),
