@@ -82,65 +82,62 @@ def test_a_decode_half_without_its_prefill_half_fails_at_the_unclaimed_ttl(pd_tt
     dep.wait_clean()
 
 
-def _prefill_half_times_out(dep: PDDeployment, prompt: list[int], rid: str, pairing: dict) -> None:
-    """Send only the prefill half: no transfer info comes, so SGLang fails it at its bootstrap timeout."""
+def _late_decode_half(dep: PDDeployment, seed: int, wait_s: float) -> dict:
+    """A primed prefix; a prefill half sent alone (no transfer info comes, so SGLang fails it at its
+    bootstrap timeout and clears the room); `wait_s` later its decode half, which matches and locks the
+    prefix. Returns rid, decode's response and elapsed s, the plan, prefill's counters before and after."""
+    primed = _prompt(seed, 48)
+    dep.generate_pd(primed, 8)  # decode holds this prefix: the late half matches and locks it
+    prompt = primed + _prompt(seed + 1, 9)
+    rid = f"late-decode-{uuid.uuid4().hex[:8]}"
+    pairing = dep.pairing()
+    counters0 = dep.scheduler_state(dep.prefill)["counters"]
     start = time.monotonic()
     early = dep.post_generate(dep.prefill.url, prompt, 8, timeout=120, rid=f"{rid}-prefill", **pairing)
     waited = time.monotonic() - start
     assert early.status_code >= 400 and "timed out" in early.text, early.text
     assert BOOTSTRAP_TIMEOUT_S * 0.9 <= waited < 60, waited
-
-
-def test_a_decode_half_after_its_prefill_half_failed_is_told_at_once(pd_ttl: PDDeployment):
-    dep = pd_ttl
-    primed = _prompt(3, 48)
-    dep.generate_pd(primed, 8)  # decode holds this prefix: the late half below matches and locks it
-    prompt = primed + _prompt(4, 9)
-    rid = f"late-decode-{uuid.uuid4().hex[:8]}"
-    pairing = dep.pairing()
-    counters0 = dep.scheduler_state(dep.prefill)["counters"]
-    _prefill_half_times_out(dep, prompt, rid, pairing)
-    gate = dep.scheduler_state(dep.prefill)["handshake"]["gate"]
-    assert gate["num_failed_rooms"] >= 1  # the state this test is about: prefill remembers the room
+    assert dep.scheduler_state(dep.prefill)["handshake"]["gate"]["num_failed_rooms"] >= 1  # prefill remembers it
+    time.sleep(wait_s)
     start = time.monotonic()
     resp = dep.post_generate(dep.decodes[0].url, prompt, 8, timeout=WAITING_TIMEOUT_S / 2, rid=rid, **pairing)
     elapsed = time.monotonic() - start
     assert resp.status_code >= 400 and "WAITING_TIMEOUT" not in resp.text, resp.text
+    plan = wait_for_plan(dep, rid)  # decode matched, locked and preallocated before its info went out
+    assert plan["decode_prefix_len"] >= 48
+    return {"rid": rid, "prompt": prompt, "resp": resp, "elapsed": elapsed, "plan": plan, "before": counters0,
+            "after": lambda: dep.scheduler_state(dep.prefill)["counters"]}
+
+
+def _count(counters: dict, name: str) -> int:
+    return counters.get(name, 0)
+
+
+def test_a_decode_half_after_its_prefill_half_failed_is_told_at_once(pd_ttl: PDDeployment):
+    dep = pd_ttl
+    late = _late_decode_half(dep, 3, wait_s=0)
+    resp = late["resp"]
     if dep.config.transfer_backend == "nixl":
         assert "arrived after prefill's request for it had failed: Request" in resp.text, resp.text
     else:
         assert "Failed to get kvcache from prefill" in resp.text, resp.text  # SGLang's text for a prefill failure
-    plan = wait_for_plan(dep, rid)  # decode matched, locked and preallocated before its info went out
-    assert plan["decode_prefix_len"] >= 48
     time.sleep(TTL_S + 2)  # an admitted info would have expired as unclaimed by now
-    counters = dep.scheduler_state(dep.prefill)["counters"]
-    assert counters["late_transfer_infos_refused_total"] == counters0.get("late_transfer_infos_refused_total", 0) + 1
-    assert counters["unclaimed_rooms_expired_total"] == counters0["unclaimed_rooms_expired_total"]
-    assert elapsed < 30, elapsed  # told at once, not at the TTL (3 s here, 120 s by default) or decode's timeout
-    assert_released_once(dep.wait_clean(), rid, plan["decode_prefix_len"])
-    assert dep.generate_pd(prompt, 8)[1]["meta_info"]["decode_prefix_len"] >= 48  # the pair serves on
+    before, after = late["before"], late["after"]()
+    assert _count(after, "late_transfer_infos_refused_total") == _count(before, "late_transfer_infos_refused_total") + 1
+    assert _count(after, "unclaimed_rooms_expired_total") == _count(before, "unclaimed_rooms_expired_total")
+    assert late["elapsed"] < 30, late["elapsed"]  # at once: not the TTL (3 s here, 120 s default), not 300 s
+    assert_released_once(dep.wait_clean(), late["rid"], late["plan"]["decode_prefix_len"])
+    assert dep.generate_pd(late["prompt"], 8)[1]["meta_info"]["decode_prefix_len"] >= 48  # the pair serves on
     dep.wait_clean()
 
 
 def test_a_decode_half_after_prefill_forgot_its_failed_room_expires_at_the_ttl(pd_ttl: PDDeployment):
     dep = pd_ttl
-    primed = _prompt(5, 48)
-    dep.generate_pd(primed, 8)
-    prompt = primed + _prompt(6, 9)
-    rid = f"later-decode-{uuid.uuid4().hex[:8]}"
-    pairing = dep.pairing()
-    counters0 = dep.scheduler_state(dep.prefill)["counters"]
-    _prefill_half_times_out(dep, prompt, rid, pairing)
-    time.sleep(TTL_S + 1)  # prefill remembers a failed room for the TTL only
-    start = time.monotonic()
-    resp = dep.post_generate(dep.decodes[0].url, prompt, 8, timeout=WAITING_TIMEOUT_S / 2, rid=rid, **pairing)
-    elapsed = time.monotonic() - start
-    assert resp.status_code >= 400 and "WAITING_TIMEOUT" not in resp.text, resp.text
+    late = _late_decode_half(dep, 5, wait_s=TTL_S + 1)  # prefill remembers a failed room for the TTL only
     if dep.config.transfer_backend == "nixl":
-        assert "no prefill request claimed it within 3 s" in resp.text, resp.text
-    counters = dep.scheduler_state(dep.prefill)["counters"]
-    assert counters["unclaimed_rooms_expired_total"] == counters0["unclaimed_rooms_expired_total"] + 1
-    assert counters["late_transfer_infos_refused_total"] == counters0.get("late_transfer_infos_refused_total", 0)
-    assert TTL_S * 0.9 <= elapsed < 30, elapsed  # the TTL, not decode's own timeout
-    plan = wait_for_plan(dep, rid)
-    assert_released_once(dep.wait_clean(), rid, plan["decode_prefix_len"])
+        assert "no prefill request claimed it within 3 s" in late["resp"].text, late["resp"].text
+    before, after = late["before"], late["after"]()
+    assert _count(after, "unclaimed_rooms_expired_total") == _count(before, "unclaimed_rooms_expired_total") + 1
+    assert _count(after, "late_transfer_infos_refused_total") == _count(before, "late_transfer_infos_refused_total")
+    assert TTL_S * 0.9 <= late["elapsed"] < 30, late["elapsed"]  # the TTL, not decode's own timeout
+    assert_released_once(dep.wait_clean(), late["rid"], late["plan"]["decode_prefix_len"])
