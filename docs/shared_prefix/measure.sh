@@ -76,3 +76,4 @@ one shared 7; one decode-step 5; one shared 8; one decode-step 6
 run $D/contention/run.log $PY $D/contention/run.py
 run $D/contention/run_decode-scheduler.log $PY $D/contention/run.py --cpu-split decode-scheduler
 run $D/contention/run_decode-step.log $PY $D/contention/run.py --cpu-split decode-step
+run $D/send_preemption/run.log $PY $D/send_preemption/run.py
