@@ -85,7 +85,7 @@ def test_a_decode_half_without_its_prefill_half_fails_at_the_unclaimed_ttl(pd_tt
 def _late_decode_half(dep: PDDeployment, seed: int, wait_s: float) -> dict:
     """A primed prefix; a prefill half sent alone (no transfer info comes, so SGLang fails it at its
     bootstrap timeout and clears the room); `wait_s` later its decode half, which matches and locks the
-    prefix. Returns rid, decode's response and elapsed s, the plan, prefill's counters before and after."""
+    prefix. Returns rid, decode's response and elapsed s, the plan and prefill's counters before."""
     primed = _prompt(seed, 48)
     dep.generate_pd(primed, 8)  # decode holds this prefix: the late half matches and locks it
     prompt = primed + _prompt(seed + 1, 9)
@@ -105,8 +105,7 @@ def _late_decode_half(dep: PDDeployment, seed: int, wait_s: float) -> dict:
     assert resp.status_code >= 400 and "WAITING_TIMEOUT" not in resp.text, resp.text
     plan = wait_for_plan(dep, rid)  # decode matched, locked and preallocated before its info went out
     assert plan["decode_prefix_len"] >= 48
-    return {"rid": rid, "prompt": prompt, "resp": resp, "elapsed": elapsed, "plan": plan, "before": counters0,
-            "after": lambda: dep.scheduler_state(dep.prefill)["counters"]}
+    return {"rid": rid, "prompt": prompt, "resp": resp, "elapsed": elapsed, "plan": plan, "before": counters0}
 
 
 def _count(counters: dict, name: str) -> int:
@@ -122,7 +121,7 @@ def test_a_decode_half_after_its_prefill_half_failed_is_told_at_once(pd_ttl: PDD
     else:
         assert "Failed to get kvcache from prefill" in resp.text, resp.text  # SGLang's text for a prefill failure
     time.sleep(TTL_S + 2)  # an admitted info would have expired as unclaimed by now
-    before, after = late["before"], late["after"]()
+    before, after = late["before"], dep.scheduler_state(dep.prefill)["counters"]
     assert _count(after, "late_transfer_infos_refused_total") == _count(before, "late_transfer_infos_refused_total") + 1
     assert _count(after, "unclaimed_rooms_expired_total") == _count(before, "unclaimed_rooms_expired_total")
     assert late["elapsed"] < 30, late["elapsed"]  # at once: not the TTL (3 s here, 120 s default), not 300 s
@@ -136,7 +135,7 @@ def test_a_decode_half_after_prefill_forgot_its_failed_room_expires_at_the_ttl(p
     late = _late_decode_half(dep, 5, wait_s=TTL_S + 1)  # prefill remembers a failed room for the TTL only
     if dep.config.transfer_backend == "nixl":
         assert "no prefill request claimed it within 3 s" in late["resp"].text, late["resp"].text
-    before, after = late["before"], late["after"]()
+    before, after = late["before"], dep.scheduler_state(dep.prefill)["counters"]
     assert _count(after, "unclaimed_rooms_expired_total") == _count(before, "unclaimed_rooms_expired_total") + 1
     assert _count(after, "late_transfer_infos_refused_total") == _count(before, "late_transfer_infos_refused_total")
     assert TTL_S * 0.9 <= late["elapsed"] < 30, late["elapsed"]  # the TTL, not decode's own timeout
