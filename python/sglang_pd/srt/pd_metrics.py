@@ -106,6 +106,11 @@ METRICS: dict[str, tuple[str, str]] = {
     "unclaimed_rooms_expired_total": ("counter", "rooms whose transfer infos were dropped: no request claimed them"),
     "late_transfer_infos_refused_total": ("counter", "decode transfer infos refused: prefill's own request for the "
                                                      "room had already failed (decode told at once)"),
+    "clears_waited_for_bootstrap_total": ("counter", "prefill request clears that waited for the bootstrap thread "
+                                                     "to finish handling a message (SGLang's thread died when a "
+                                                     "clear landed inside it)"),
+    "clear_bootstrap_wait_timeouts_total": ("counter", "prefill request clears that waited the 2 s maximum for the "
+                                                       "bootstrap thread and ran anyway (logged)"),
     "pd_threads_dead": ("gauge", "PD threads (bootstrap, status listener, transfer workers) found dead; /health "
                                  "fails while > 0"),
     # PD scheduler waits (srt/disaggregation/idle_wait.py)

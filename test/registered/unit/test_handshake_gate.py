@@ -298,8 +298,7 @@ def test_a_cleared_sender_ends_its_claim_and_a_failed_one_is_remembered_for_late
     mgr.failure_records[7] = "Request 7 timed out after 10.0s in KVPoll.Bootstrapping"
     senders[7].conclude_state, senders[8].conclude_state = KVPoll.Failed, KVPoll.Success
     for sender in senders.values():
-        mgr.clear(sender)
-        common_conn.after_sender_clear(None, sender)
+        common_conn.around_sender_clear(mgr.clear, sender)
     assert host.claimed == set()  # ended with the request, not left for prune to find
     assert guard.failed_rooms.reason(7).startswith("Request 7 timed out") and guard.failed_rooms.reason(8) is None
     # late transfer infos; SGLang would re-create each room's status entry for them

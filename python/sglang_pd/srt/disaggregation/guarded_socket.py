@@ -6,21 +6,44 @@ the auth trailer removed, and drops the rest without returning. While idle it wa
 `housekeeping_s` so the gate can expire unclaimed rooms. A bug in the gate drops that one message
 (the caller's `on_error` counts and logs it) instead of ending the reading thread.
 
+With `hold` (prefill's bootstrap socket), the reader holds a lock from the moment a message arrives,
+through the gate and SGLang's handling of it, until it comes back for the next one. Whoever changes
+the rooms that handling reads (SGLang's `CommonKVSender.clear`, through our hook) does it inside
+`between_messages()`, so it never lands in the middle: SGLang 0.5.23's bootstrap threads read
+`transfer_infos[room]` several times per message, and a clear popping the room in between raised
+KeyError and ended the thread (every later pairing with it). The wait is bounded (`HOLD_WAIT_S`); it
+also ends at once when the reader is dead (nothing left to race).
+
 `SigningSocket` shadows a PUSH socket: `send_multipart` appends the `PeerAuth` trailer.
 
-Neither owns the libzmq socket: the SGLang object it shadows does (kept referenced here).
+Neither owns the libzmq socket: the SGLang object it shadows does (kept referenced here), so
+`close()` closes that owner. (Closing only the shadow left the owner thinking its socket open; when
+the owner was collected later it closed the handle again, by then possibly another live socket.)
 """
 
 from __future__ import annotations
 
+import contextlib
+import enum
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import zmq
 
 from sglang_pd.srt.disaggregation.handshake_gate import HandshakeGate
 from sglang_pd.srt.disaggregation.peer_auth import PeerAuth
+
+HOLD_WAIT_S = 2.0  # longest a `between_messages` caller waits for the reader to finish one message
+
+
+class Between(enum.Enum):
+    """How `between_messages` got its turn."""
+
+    FREE = "free"            # the reader was waiting for a message (or the socket has no hold)
+    WAITED = "waited"        # the reader was handling one: waited until it came back for the next
+    READER_DEAD = "reader_dead"  # the reader ended while holding: nothing can race any more
+    TIMED_OUT = "timed_out"  # the reader held it past HOLD_WAIT_S: the body ran anyway (counted, logged)
 
 
 class GuardedSocket(zmq.Socket):
@@ -31,36 +54,85 @@ class GuardedSocket(zmq.Socket):
     on_error: Callable[[str], None] = None
     before_admit: Callable[[], None] = None   # test-only fault point; may raise (ends the reading thread)
     reader: threading.Thread | None = None
+    hold: threading.RLock | None = None   # see the module docstring; None: no hold (decode, tests)
+    hold_wait_s: float = HOLD_WAIT_S
+    _held: bool = False                   # the reader holds `hold` for the message it returned last
     _raw: zmq.Socket = None
     _housekeeping_s: float = 1.0
     _next_housekeeping: float = 0.0
 
     @classmethod
     def around(cls, raw: zmq.Socket, gate: HandshakeGate, on_error: Callable[[str], None],
-               housekeeping_s: float = 1.0, before_admit: Callable[[], None] = lambda: None) -> "GuardedSocket":
-        """Shadow `raw` (which keeps owning the libzmq socket) behind `gate`."""
+               housekeeping_s: float = 1.0, before_admit: Callable[[], None] = lambda: None,
+               hold: bool = False) -> "GuardedSocket":
+        """Shadow `raw` (which keeps owning the libzmq socket) behind `gate`; `hold`: see the module docstring
+        (only for a reader that comes straight back to recv_multipart after each message)."""
         sock = cls.shadow(raw.underlying)
         sock._raw, sock.gate, sock.on_error, sock._housekeeping_s = raw, gate, on_error, housekeeping_s
         sock.before_admit = before_admit
+        sock.hold = threading.RLock() if hold else None
         return sock
 
     def recv_multipart(self, flags: int = 0, copy: bool = True, track: bool = False):
         """Next admitted message (list of bytes); zmq.Again with NOBLOCK when none is ready."""
         if self.reader is None:
             self.reader = threading.current_thread()
+        self._release()  # back for the next message: the last one is handled
         while True:
             if not flags & zmq.NOBLOCK and not self.poll(int(self._housekeeping_s * 1000), zmq.POLLIN):
                 self._housekeeping()
                 continue
             frames = super().recv_multipart(flags, copy=False)
+            self._take()  # from here until the next call: the gate's checks and SGLang's handling, in one piece
             self.before_admit()
             admitted = self._admit(frames)
+            if admitted is not None:
+                if time.monotonic() >= self._next_housekeeping:
+                    self._housekeeping()
+                return admitted
+            self._release()
             if time.monotonic() >= self._next_housekeeping:
                 self._housekeeping()
-            if admitted is not None:
-                return admitted
             if flags & zmq.NOBLOCK:
                 raise zmq.Again()
+
+    def close(self, linger: int | None = None) -> None:
+        """Close the libzmq socket through its owner (see the module docstring)."""
+        self._raw.close(linger=linger)
+
+    @contextlib.contextmanager
+    def between_messages(self) -> Iterator[Between]:
+        """Run the body while the reader is not handling a message (see the module docstring)."""
+        if self.hold is None or self.hold.acquire(blocking=False):
+            try:
+                yield Between.FREE
+            finally:
+                if self.hold is not None:
+                    self.hold.release()
+            return
+        deadline = time.monotonic() + self.hold_wait_s
+        while not self.hold.acquire(timeout=0.02):
+            reader = self.reader
+            if reader is not None and not reader.is_alive():
+                yield Between.READER_DEAD
+                return
+            if time.monotonic() >= deadline:
+                yield Between.TIMED_OUT
+                return
+        try:
+            yield Between.WAITED
+        finally:
+            self.hold.release()
+
+    def _take(self) -> None:
+        if self.hold is not None and not self._held:
+            self.hold.acquire()
+            self._held = True
+
+    def _release(self) -> None:
+        if self._held:
+            self._held = False
+            self.hold.release()
 
     def _admit(self, frames) -> list[bytes] | None:
         try:
@@ -96,6 +168,10 @@ class SigningSocket(zmq.Socket):
         sock = cls.shadow(raw.underlying)
         sock._raw, sock.auth = raw, auth
         return sock
+
+    def close(self, linger: int | None = None) -> None:
+        """Close the libzmq socket through its owner (see the module docstring)."""
+        self._raw.close(linger=linger)
 
     def send_multipart(self, msg_parts, flags: int = 0, copy: bool = True, track: bool = False, **kwargs):
         """Send `msg_parts` followed by their auth trailer."""

@@ -77,6 +77,7 @@ class PeerGuard:
     pool: dict | None = None                    # this manager's KV layout (what a peer must register against)
     http: HttpGuardCounts = field(default_factory=HttpGuardCounts)
     num_gate_errors: int = 0
+    bootstrap_hold: str | None = None           # prefill: clears kept out of the bootstrap thread's handling?
 
     def dead_threads(self) -> dict[str, str]:
         """Dead PD threads of this process (name -> role); empty when none or not watched."""
@@ -93,6 +94,7 @@ class PeerGuard:
             "threads": self.watch.snapshot() if self.watch else None,
             "http": self.http.snapshot(),
             "num_gate_errors": self.num_gate_errors,
+            "bootstrap_hold": self.bootstrap_hold,
             "num_prompt_digests_sent": self.outgoing.num_sent,
         }
         if self.rooms_view is not None:

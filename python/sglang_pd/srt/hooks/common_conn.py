@@ -8,8 +8,10 @@ and NIXL managers (subclasses of CommonKVManager):
   transfer info, ABORT, BOOTSTRAP, room decline) carries the auth trailer when a secret is configured.
 - CommonKVSender.__init__ (AFTER): the room is claimed by a local request; a room a rejected message
   failed before its request existed fails now instead of waiting for the bootstrap timeout.
-- CommonKVSender.clear (AFTER): the room is no longer bound to its prompt; a room whose request failed
-  is remembered, so a decode transfer info that arrives after is refused and its decode told at once.
+- CommonKVSender.clear (AROUND): runs only while prefill's bootstrap thread is between two messages
+  (guarded_socket.py; a clear inside its handling of a transfer info ended the thread); then the room
+  is no longer bound to its prompt; a room whose request failed is remembered, so a decode transfer
+  info that arrives after is refused and its decode told at once.
 - CommonKVSender._prepare_send_indices (AFTER): KV pages really handed to the transport, per room.
 - the room decline (srt/disaggregation/room_decline.py), both ends of it:
 
@@ -25,7 +27,7 @@ import dataclasses
 import logging
 import threading
 
-from sglang_pd.srt.disaggregation.guarded_socket import GuardedSocket, SigningSocket
+from sglang_pd.srt.disaggregation.guarded_socket import HOLD_WAIT_S, Between, GuardedSocket, SigningSocket
 from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits, Side
 from sglang_pd.srt.disaggregation.handshake_gate import HandshakeGate
 from sglang_pd.srt.disaggregation.manager_host import ManagerHost
@@ -107,8 +109,10 @@ def _install(mgr, limits: FrameLimits, before) -> None:
     guard.gate = HandshakeGate(limits, host, guard.auth, UnclaimedRooms(ttl) if prefill else None,
                                guard.tombstones, on_count=state.counters.add, capture=state.settings.fault_injection,
                                digests=guard.digests, failed_rooms=guard.failed_rooms)
+    hold = prefill and _reader_comes_straight_back(mgr, limits)
     mgr.server_socket = GuardedSocket.around(mgr.server_socket, guard.gate, on_error=_count_gate_error,
-                                             before_admit=_injected_reader_exit)
+                                             before_admit=_injected_reader_exit, hold=hold)
+    guard.bootstrap_hold = "on" if hold else ("off: --enable-pd-role-switch" if prefill else "decode: none")
     ip = f"[{mgr.local_ip}]" if ":" in str(mgr.local_ip) else mgr.local_ip
     guard.endpoint = f"tcp://{ip}:{mgr.rank_port}"
     guard.rooms_view = host.rooms_view
@@ -121,6 +125,21 @@ def _install(mgr, limits: FrameLimits, before) -> None:
     logger.info("sglang_pd: %s %s rank socket %s guarded (auth %s, frames <= %d bytes, %d pages)",
                 limits.backend, limits.side.value, guard.endpoint, "on" if guard.auth else "OFF",
                 limits.max_frame_bytes, limits.max_kv_pages)
+
+
+def _reader_comes_straight_back(mgr, limits: FrameLimits) -> bool:
+    """Whether prefill's bootstrap thread calls the socket's recv_multipart again right after handling a
+    message (the hold is released there). Not with mooncake under --enable-pd-role-switch: SGLang then
+    polls the raw socket for up to 500 ms first, and every clear would wait for that poll; the hold is
+    off there (logged; `bootstrap_hold` in /sglang_pd/stats) and upstream's race stays."""
+    if limits.backend != "mooncake" or mgr.deferred_bootstrap is not None:
+        return True
+    if not getattr(mgr.server_args, "enable_pd_role_switch", False):
+        return True
+    logger.warning("sglang_pd: --enable-pd-role-switch: prefill's bootstrap thread polls before each recv, so a "
+                   "request's clear is not kept out of its handling of a message (SGLang 0.5.23's race on a "
+                   "cleared room stays: the thread can die of a KeyError, /health then answers 503)")
+    return False
 
 
 def expected_threads(mgr, side: Side) -> dict[ThreadRole, int] | None:
@@ -195,16 +214,42 @@ def after_sender_init(result, sender, mgr, bootstrap_addr, bootstrap_room, req_h
     return result
 
 
-def after_sender_clear(result, sender):
-    """Prefill: the request's sender is cleared (upstream's end of a room's life here): its room is no
-    longer bound to its prompt (prompt_binding.py) nor claimed; if the request failed (bootstrap timeout, abort, a
-    failed transfer) the room is remembered with the reason SGLang recorded, for the gate to refuse a
-    decode transfer info that arrives after (SGLang would re-create the room for it)."""
+def around_sender_clear(original, sender):
+    """Prefill: SGLang clears the request's sender (upstream's end of a room's life here) only while the
+    bootstrap thread is between two messages (guarded_socket.py: its handling of a transfer info for this
+    room read `transfer_infos[room]` again after a clear popped it, and the thread died of the KeyError).
+    Then the room is no longer bound to its prompt (prompt_binding.py) nor claimed; if the request failed
+    (bootstrap timeout, abort, a failed transfer) the room is remembered with the reason SGLang recorded,
+    for the gate to refuse a decode transfer info that arrives after (SGLang would re-create the room)."""
+    sock = getattr(sender.kv_mgr, "server_socket", None)
+    if not isinstance(sock, GuardedSocket):
+        result = original(sender)
+        _after_clear(sender)
+        return result
+    with sock.between_messages() as turn:
+        _count_turn(turn, sender)
+        result = original(sender)
+        _after_clear(sender)
+    return result
+
+
+def _count_turn(turn: Between, sender) -> None:
+    state = current()
+    if turn is Between.WAITED:
+        state.counters.add("clears_waited_for_bootstrap_total")
+    elif turn is Between.TIMED_OUT:
+        state.counters.add("clear_bootstrap_wait_timeouts_total")
+        logger.error("sglang_pd: clearing room %s: prefill's bootstrap thread held one message for over %.0f s; "
+                     "cleared anyway (if that message names this room, SGLang's thread may die of it: /health "
+                     "then answers 503)", sender.bootstrap_room, HOLD_WAIT_S)
+
+
+def _after_clear(sender) -> None:
     from sglang.srt.disaggregation.base.conn import KVPoll
 
     guard = current().peer_guard
     if sender.bootstrap_room is None:
-        return result
+        return
     room = int(sender.bootstrap_room)
     if guard.host is not None:  # SGLang popped the room: a transfer info arriving now is nobody's (TTL expiry)
         guard.host.claimed.discard(room)
@@ -213,7 +258,6 @@ def after_sender_clear(result, sender):
     if guard.failed_rooms is not None and getattr(sender, "conclude_state", None) == KVPoll.Failed:
         why = sender.kv_mgr.failure_records.get(room) or "failed (no reason recorded)"
         guard.failed_rooms.bury(room, why)
-    return result
 
 
 def after_prepare_send_indices(result, sender, kv_indices, state_indices=None):

@@ -268,9 +268,11 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         "sign what decode sends prefill (registration, transfer info, ABORT, BOOTSTRAP, room decline) when a "
         "secret is set"),
     HookSpec(
-        f"{_CONN}.CommonKVSender.clear", "AFTER", common_conn.after_sender_clear, ProcessKind.SCHEDULER,
-        "prefill: a cleared request no longer binds its room to its prompt (prompt_binding.py); a failed one's "
-        "room is remembered so a late decode transfer info is refused and its decode told at once"),
+        f"{_CONN}.CommonKVSender.clear", "AROUND", common_conn.around_sender_clear, ProcessKind.SCHEDULER,
+        "prefill: the clear waits until the bootstrap thread is between two messages (0.5.23's thread died of "
+        "a KeyError when a clear popped the room it was handling; guarded_socket.py); a cleared request no "
+        "longer binds its room to its prompt (prompt_binding.py); a failed one's room is remembered so a late "
+        "decode transfer info is refused and its decode told at once"),
     HookSpec(
         f"{_CONN}.CommonKVSender.__init__", "AFTER", common_conn.after_sender_init, ProcessKind.SCHEDULER,
         "the room is claimed by a local request; one a rejected message failed before it arrived fails at once"),
