@@ -31,6 +31,10 @@ UPSTREAM = {
 PLUGIN_DECODE = ("decode_retractions_total", "resume_requests_total", "resume_backup_tokens_total",
                  "resume_restored_tokens_total", "admission_rounds_total", "admission_round_evictions_total",
                  "evicted_tokens_total")
+# sglang_pd prefill counters reported per run: how often a request's clear found prefill's bootstrap thread
+# handling a message (and waited for it; see guarded_socket.py)
+PLUGIN_PREFILL = ("prefill_sender_clears_total", "clears_waited_for_bootstrap_total",
+                  "clear_bootstrap_wait_timeouts_total")
 
 
 def stage_deltas(before: dict[str, LatencyTotal], after: dict[str, LatencyTotal]) -> dict[str, dict]:
@@ -77,6 +81,7 @@ class ServerFigures:
                                 "declined": prefill["prefill_declined_requests_total"],
                                 "declined_computed_tokens": prefill["prefill_declined_computed_tokens_total"]}
             snap["plugin"] = {name: decode[name] for name in PLUGIN_DECODE}
+            snap["plugin_prefill"] = {name: prefill[name] for name in PLUGIN_PREFILL}
         return snap
 
     def delta(self, before: dict, after: dict) -> dict:
@@ -86,6 +91,8 @@ class ServerFigures:
                                           for role in self.urls}
         fields["sglang_pd_counters"] = ({k: after["plugin"][k] - before["plugin"][k] for k in PLUGIN_DECODE}
                                         if self.plugin else None)
+        fields["sglang_pd_prefill_counters"] = ({k: after["plugin_prefill"][k] - before["plugin_prefill"][k]
+                                                 for k in PLUGIN_PREFILL} if self.plugin else None)
         return fields
 
     def transfer(self, before: dict, after: dict) -> dict | None:

@@ -106,6 +106,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "unclaimed_rooms_expired_total": ("counter", "rooms whose transfer infos were dropped: no request claimed them"),
     "late_transfer_infos_refused_total": ("counter", "decode transfer infos refused: prefill's own request for the "
                                                      "room had already failed (decode told at once)"),
+    "prefill_sender_clears_total": ("counter", "prefill request senders SGLang cleared (a request's end on prefill)"),
     "clears_waited_for_bootstrap_total": ("counter", "prefill request clears that waited for the bootstrap thread "
                                                      "to finish handling a message (SGLang's thread died when a "
                                                      "clear landed inside it)"),

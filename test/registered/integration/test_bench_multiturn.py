@@ -32,6 +32,9 @@ def test_bench_multiturn_tiny_attached(pd_page16: PDDeployment, tmp_path):
         assert stages[role][stage]["count"] == on["requests"], (role, stage, stages)  # the primer excluded
         assert stages[role][stage]["mean_ms"] > 0
     assert "| prefill: forward | " in proc.stdout
+    clears = on["sglang_pd_prefill_counters"]  # prefill's request ends, each run by our clear hook
+    assert clears["prefill_sender_clears_total"] == on["requests"], clears
+    assert clears["clear_bootstrap_wait_timeouts_total"] == 0, clears
     assert (tmp_path / "bench_multiturn_tiny.png").stat().st_size > 1000
     dep.wait_clean()
 

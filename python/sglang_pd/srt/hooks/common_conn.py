@@ -235,6 +235,7 @@ def around_sender_clear(original, sender):
 
 def _count_turn(turn: Between, sender) -> None:
     state = current()
+    state.counters.add("prefill_sender_clears_total")
     if turn is Between.WAITED:
         state.counters.add("clears_waited_for_bootstrap_total")
     elif turn is Between.TIMED_OUT:
