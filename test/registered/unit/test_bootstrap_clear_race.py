@@ -201,6 +201,7 @@ def test_a_clear_waits_until_the_bootstrap_thread_is_between_messages(backend, m
         clear = _clear_in_thread(prefill, NEXT_ROOM, hooked=True)  # the reader is idle: no wait
         clear.join(5)
         assert not clear.is_alive() and pd_state.counters.get("clears_waited_for_bootstrap_total") == 1
+        assert pd_state.counters.get("prefill_sender_clears_total") == 2
 
 
 def test_a_dropped_message_does_not_keep_the_hold(monkeypatch):

@@ -27,7 +27,7 @@ import dataclasses
 import logging
 import threading
 
-from sglang_pd.srt.disaggregation.guarded_socket import HOLD_WAIT_S, Between, GuardedSocket, SigningSocket
+from sglang_pd.srt.disaggregation.guarded_socket import Between, GuardedSocket, SigningSocket
 from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits, Side
 from sglang_pd.srt.disaggregation.handshake_gate import HandshakeGate
 from sglang_pd.srt.disaggregation.manager_host import ManagerHost
@@ -221,28 +221,28 @@ def around_sender_clear(original, sender):
     Then the room is no longer bound to its prompt (prompt_binding.py) nor claimed; if the request failed
     (bootstrap timeout, abort, a failed transfer) the room is remembered with the reason SGLang recorded,
     for the gate to refuse a decode transfer info that arrives after (SGLang would re-create the room)."""
+    current().counters.add("prefill_sender_clears_total")
     sock = getattr(sender.kv_mgr, "server_socket", None)
     if not isinstance(sock, GuardedSocket):
         result = original(sender)
         _after_clear(sender)
         return result
     with sock.between_messages() as turn:
-        _count_turn(turn, sender)
+        _count_turn(turn, sender, sock.hold_wait_s)
         result = original(sender)
         _after_clear(sender)
     return result
 
 
-def _count_turn(turn: Between, sender) -> None:
+def _count_turn(turn: Between, sender, wait_s: float) -> None:
     state = current()
-    state.counters.add("prefill_sender_clears_total")
     if turn is Between.WAITED:
         state.counters.add("clears_waited_for_bootstrap_total")
     elif turn is Between.TIMED_OUT:
         state.counters.add("clear_bootstrap_wait_timeouts_total")
-        logger.error("sglang_pd: clearing room %s: prefill's bootstrap thread held one message for over %.0f s; "
+        logger.error("sglang_pd: clearing room %s: prefill's bootstrap thread held one message for over %g s; "
                      "cleared anyway (if that message names this room, SGLang's thread may die of it: /health "
-                     "then answers 503)", sender.bootstrap_room, HOLD_WAIT_S)
+                     "then answers 503)", sender.bootstrap_room, wait_s)
 
 
 def _after_clear(sender) -> None:
