@@ -28,6 +28,7 @@ class Fault(str, enum.Enum):
     PREFILL_TRANSFER_FAIL = "prefill_transfer_fail"  # prefill: the transport reports the room's send failed
     PREFILL_WORKER_ERROR = "prefill_worker_error"    # prefill: the mooncake transfer worker raises on the room
     RANK_READER_EXIT = "rank_reader_exit"   # the rank socket's reading thread raises on its next message
+    PREFILL_BOOTSTRAP_HOLD = "prefill_bootstrap_hold"  # prefill: a bootstrapped room waits 10 s before its forward
 
 
 class FaultPlan:
@@ -38,6 +39,7 @@ class FaultPlan:
         self.armed: dict[Fault, int] = {}
         self.rooms: dict[int, set[Fault]] = {}
         self.fired: dict[Fault, int] = {}
+        self.hold_until: dict[int, float] = {}  # PREFILL_BOOTSTRAP_HOLD: room -> monotonic time it is let go
 
     def arm(self, fault: Fault, count: int) -> None:
         """Fire `fault` for the next `count` requests (count 0 disarms)."""

@@ -20,7 +20,7 @@ import uuid
 import pytest
 
 from conftest import LOG_ROOT
-from lock_checks import assert_lock_held, assert_released_once, in_background, wait_for_plan
+from lock_checks import assert_lock_held, assert_released_once, in_background, wait_for_plan, wait_until
 from sglang_pd.config import UNCLAIMED_ROOM_TTL_S
 from sglang_pd.harness import DeploymentConfig, PDDeployment
 from sglang_pd.models import VOCAB_SIZE
@@ -37,6 +37,7 @@ def pd_ttl(request):
     env = ((UNCLAIMED_ROOM_TTL_S, str(TTL_S)), ("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)),
            ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", str(BOOTSTRAP_TIMEOUT_S)))
     config = DeploymentConfig(page_size=16, transfer_backend=request.param, env_overrides=env,
+                              fault_injection=True,  # the abort test holds its room in prefill's queue
                               log_dir=LOG_ROOT / f"unclaimed_room_{request.param}")
     with PDDeployment(config) as dep:
         dep.wait_clean()
@@ -140,3 +141,49 @@ def test_a_decode_half_after_prefill_forgot_its_failed_room_expires_at_the_ttl(p
     assert _count(after, "late_transfer_infos_refused_total") == _count(before, "late_transfer_infos_refused_total")
     assert TTL_S * 0.9 <= late["elapsed"] < 30, late["elapsed"]  # the TTL, not decode's own timeout
     assert_released_once(dep.wait_clean(), late["rid"], late["plan"]["decode_prefix_len"])
+
+
+def test_a_prefill_half_aborted_after_its_decode_half_registered_tells_decode_at_once(pd_ttl: PDDeployment):
+    """SGLang's prefill abort marks the room Failed and tells nobody: a decode whose transfer info had
+    come held its pages and prefix lock until its waiting timeout (without the tell: still waiting at the
+    client's 150 s). A test fault keeps the request in prefill's bootstrap queue, bootstrapped and uncomputed
+    (SGLang's own "not yet" answer), while prefill aborts it; decode is told at once, with the reason."""
+    dep = pd_ttl
+    primed = _prompt(9, 48)
+    dep.generate_pd(primed, 8)  # decode holds this prefix: the victim matches and locks it
+    prompt = primed + _prompt(10, 9)
+    rid = f"prefill-aborted-{uuid.uuid4().hex[:8]}"
+    pairing = dep.pairing()
+    room = pairing["bootstrap_room"]
+    dep.arm_faults(dep.prefill, prefill_bootstrap_hold_room=room)
+    told0 = _count(dep.scheduler_state(dep.prefill)["counters"], "prefill_failures_told_total")
+    prefill_half = in_background(dep.post_generate, dep.prefill.url, prompt, 8, 120, rid=rid, **pairing)
+    decode_half = in_background(dep.post_generate, dep.decodes[0].url, prompt, 8, WAITING_TIMEOUT_S / 2, rid=rid,
+                                **pairing)
+    plan = wait_for_plan(dep, rid)
+    assert plan["decode_prefix_len"] >= 48
+    # the state under test: decode's transfer info held on prefill, the request bootstrapped, not computed
+    rooms = wait_until(lambda: (lambda v: v if room in v["transfer_info_rooms"] else None)(
+        dep.scheduler_state(dep.prefill)["handshake"]["rooms"]), "the victim's transfer info on prefill", 60, 0.05)
+    assert room in rooms["by_status"].get("2", []), rooms  # KVPoll.WaitingForInput
+    assert dep.scheduler_state(dep.prefill)["faults"]["fired"].get("prefill_bootstrap_hold") >= 1
+    assert_lock_held(dep, rid)
+    start = time.monotonic()
+    dep.abort(dep.prefill, rid)
+    prefill_half["thread"].join(60)
+    decode_half["thread"].join(WAITING_TIMEOUT_S / 2)
+    elapsed = time.monotonic() - start
+    assert "resp" in decode_half, decode_half  # answered, not the client's own timeout
+    resp = decode_half["resp"]
+    assert resp.status_code >= 400 and "WAITING_TIMEOUT" not in resp.text and "timed out" not in resp.text, resp.text
+    if dep.config.transfer_backend == "nixl":
+        assert "prefill's request failed: Aborted by AbortReq." in resp.text, resp.text
+    else:
+        assert "Failed to get kvcache from prefill" in resp.text, resp.text  # SGLang's text for a prefill failure
+    assert elapsed < 8, elapsed  # at once: before the fault would have let the request go (10 s)
+    after = dep.scheduler_state(dep.prefill)["counters"]
+    assert _count(after, "prefill_failures_told_total") == told0 + 1
+    assert_released_once(dep.wait_clean(), rid, plan["decode_prefix_len"])
+    assert dep.generate_pd(prompt, 8)[1]["meta_info"]["decode_prefix_len"] >= 48  # the pair serves on
+    dep.wait_clean()
+

@@ -263,6 +263,7 @@ class Manager:
     def __init__(self):
         self.request_status, self.transfer_infos, self.req_to_decode_prefix_len = {}, {}, {}
         self.failure_records: dict[int, str] = {}
+        self.failure_lock = threading.Lock()
         self.decode_kv_args_table = {PEER.name: SimpleNamespace(endpoint=PEER.ip, dst_port=PEER.port)}
         self.told: list[tuple] = []
 
@@ -316,3 +317,68 @@ def test_a_cleared_sender_ends_its_claim_and_a_failed_one_is_remembered_for_late
     common_conn.after_sender_init(None, SimpleNamespace(bootstrap_room=7), mgr, "addr", 7)
     mgr.request_status[7] = KVPoll.Bootstrapping
     assert guard.failed_rooms.reason(7) is None and g.admit(T.transfer_info(7, [1]), "10.0.0.9") is not None
+
+
+def test_a_request_that_failed_after_its_decode_registered_the_room_has_that_decode_told():
+    """SGLang's prefill abort (and a timeout in prefill's queue) only marks the room Failed: a decode whose
+    transfer info had come waited for its own timeout. At the clear, the decodes that registered the room
+    are told, with the reason; not for a room decode declined, a success, an unregistered endpoint or a
+    room no transfer info came for."""
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    from sglang_pd.srt.disaggregation.manager_host import ManagerHost
+    from sglang_pd.srt.hooks import common_conn
+    from sglang_pd.srt.state import current
+
+    mgr = Manager()
+    lim = FrameLimits("mooncake", Side.PREFILL, 16, 64, 1 << 20, aux_item_lens=(32,), aux_slots=(8,))
+    guard = current().peer_guard
+    guard.host = ManagerHost(mgr, lim)
+    decode = SimpleNamespace(endpoint=PEER.ip, dst_port=PEER.port)
+    stranger = SimpleNamespace(endpoint="10.9.9.9", dst_port=1)  # an info naming an endpoint nobody registered
+    rooms = {1: (KVPoll.Failed, {PEER.name: decode}),     # aborted after decode's info: told
+             2: (KVPoll.Failed, {PEER.name: decode}),     # declined by decode: not told
+             3: (KVPoll.Success, {PEER.name: decode}),    # sent: not told
+             4: (KVPoll.Failed, {}),                      # timed out before any info: nobody to tell
+             5: (KVPoll.Failed, {"10.9.9.9:1": stranger})}  # not a registered endpoint: not told
+    senders = {}
+    for room, (end, infos) in rooms.items():
+        mgr.request_status[room], mgr.transfer_infos[room] = end, dict(infos)
+        mgr.failure_records[room] = "Aborted by AbortReq."
+        senders[room] = SimpleNamespace(bootstrap_room=room, conclude_state=end, kv_mgr=mgr)
+    assert mgr.transfer_infos[1] and mgr.told == []  # the state under test: decode registered, nobody told yet
+    guard.declining.add(2)
+    for sender in senders.values():
+        common_conn.around_sender_clear(mgr.clear, sender)
+    assert mgr.told == [(((PEER.ip, PEER.port),), 1, KVPoll.Failed, "prefill's request failed: Aborted by AbortReq.")]
+    assert mgr.transfer_infos == {} and current().counters.get("prefill_failures_told_total") == 1
+
+
+def test_a_request_aborted_in_prefills_waiting_queue_is_cleared_and_its_decode_told():
+    """SGLang's waiting-queue abort (release_aborted_prefill_waiting_req) marks the room Failed and drops
+    the request without clearing its sender. Our AFTER hook clears it; `sender.clear` here is SGLang's
+    clear on these tables behind our clear hook, as the hook table applies it in a server."""
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    from sglang_pd.srt.disaggregation.manager_host import ManagerHost
+    from sglang_pd.srt.hooks import common_conn, prefill
+    from sglang_pd.srt.state import current
+
+    mgr = Manager()
+    lim = FrameLimits("nixl", Side.PREFILL, 16, 64, 1 << 20)
+    guard = current().peer_guard
+    guard.host = ManagerHost(mgr, lim)
+    guard.failed_rooms = RoomTombstones(10)
+    room = 21
+    sender = SimpleNamespace(bootstrap_room=room, conclude_state=KVPoll.Failed, kv_mgr=mgr)  # after SGLang's abort
+    sender.clear = lambda: common_conn.around_sender_clear(mgr.clear, sender)
+    mgr.request_status[room] = KVPoll.Failed
+    mgr.transfer_infos[room] = {PEER.name: SimpleNamespace(endpoint=PEER.ip, dst_port=PEER.port)}
+    mgr.failure_records[room] = "Aborted by AbortReq."
+    req = SimpleNamespace(disagg_kv_sender=sender, bootstrap_room=room)
+    prefill.after_release_aborted_waiting_req(None, None, req)
+    assert mgr.told == [(((PEER.ip, PEER.port),), room, KVPoll.Failed, "prefill's request failed: Aborted by AbortReq.")]
+    assert room not in mgr.request_status and room not in mgr.transfer_infos and room not in mgr.failure_records
+    assert guard.failed_rooms.reason(room) == "Aborted by AbortReq."  # a late transfer info is refused
+    assert not current().counters.labelled["hook_errors_total"]  # the hook did not fail
+    assert current().counters.get("prefill_waiting_aborts_cleared_total") == 1

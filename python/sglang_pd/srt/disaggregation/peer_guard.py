@@ -78,6 +78,7 @@ class PeerGuard:
     http: HttpGuardCounts = field(default_factory=HttpGuardCounts)
     num_gate_errors: int = 0
     bootstrap_hold: str | None = None           # prefill: clears kept out of the bootstrap thread's handling?
+    declining: set[int] = field(default_factory=set)  # prefill: rooms being answered as decode declined them
 
     def dead_threads(self) -> dict[str, str]:
         """Dead PD threads of this process (name -> role); empty when none or not watched."""

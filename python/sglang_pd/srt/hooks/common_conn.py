@@ -9,7 +9,8 @@ and NIXL managers (subclasses of CommonKVManager):
 - CommonKVSender.__init__ (AFTER): the room is claimed by a local request; a room a rejected message
   failed before its request existed fails now instead of waiting for the bootstrap timeout.
 - CommonKVSender.clear (AROUND): runs only while prefill's bootstrap thread is between two messages
-  (guarded_socket.py; a clear inside its handling of a transfer info ended the thread); then the room
+  (guarded_socket.py; a clear inside its handling of a transfer info ended the thread); a request that
+  failed after its decode's transfer info came has that decode told; then the room
   is no longer bound to its prompt; a room whose request failed is remembered, so a decode transfer
   info that arrives after is refused and its decode told at once.
 - CommonKVSender._prepare_send_indices (AFTER): KV pages really handed to the transport, per room.
@@ -23,6 +24,7 @@ The logic lives in srt/disaggregation/ (handshake_gate, handshake_frames, peer_a
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
@@ -30,7 +32,7 @@ import threading
 from sglang_pd.srt.disaggregation.guarded_socket import Between, GuardedSocket, SigningSocket
 from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits, Side
 from sglang_pd.srt.disaggregation.handshake_gate import HandshakeGate
-from sglang_pd.srt.disaggregation.manager_host import ManagerHost
+from sglang_pd.srt.disaggregation.manager_host import ManagerHost, registered_targets
 from sglang_pd.srt.disaggregation.prompt_binding import PromptDigests
 from sglang_pd.srt.disaggregation.room_decline import DeclineError, DeclineNotice, decline_frames, parse_decline
 from sglang_pd.srt.disaggregation.room_expiry import RoomTombstones, UnclaimedRooms
@@ -218,20 +220,46 @@ def around_sender_clear(original, sender):
     """Prefill: SGLang clears the request's sender (upstream's end of a room's life here) only while the
     bootstrap thread is between two messages (guarded_socket.py: its handling of a transfer info for this
     room read `transfer_infos[room]` again after a clear popped it, and the thread died of the KeyError).
+    A request that failed here after its decode's transfer info came (an abort, a timeout in prefill's
+    queue) has its decode told now, with the reason (SGLang tells it only when a transfer fails: decode
+    held the pages and prefix lock until its waiting timeout); not for a room decode itself declined.
     Then the room is no longer bound to its prompt (prompt_binding.py) nor claimed; if the request failed
     (bootstrap timeout, abort, a failed transfer) the room is remembered with the reason SGLang recorded,
     for the gate to refuse a decode transfer info that arrives after (SGLang would re-create the room)."""
     current().counters.add("prefill_sender_clears_total")
     sock = getattr(sender.kv_mgr, "server_socket", None)
-    if not isinstance(sock, GuardedSocket):
+    guarded = isinstance(sock, GuardedSocket)  # else a backend we do not guard (no hold, no host)
+    with sock.between_messages() if guarded else contextlib.nullcontext() as turn:
+        if guarded:
+            _count_turn(turn, sender, sock.hold_wait_s)
+        waiting = _decodes_waiting(sender)
         result = original(sender)
-        _after_clear(sender)
-        return result
-    with sock.between_messages() as turn:
-        _count_turn(turn, sender, sock.hold_wait_s)
-        result = original(sender)
+        _tell_decodes_of_failure(sender, waiting)
         _after_clear(sender)
     return result
+
+
+def _decodes_waiting(sender) -> list[tuple[str, int]]:
+    """Registered decode endpoints whose transfer info for the sender's room SGLang holds (read before the
+    clear pops it); empty for a room decode declined (it asked for the failure) or without a room."""
+    guard = current().peer_guard
+    room = sender.bootstrap_room
+    if room is None or guard.host is None or int(room) in guard.declining:
+        return []
+    infos = dict(sender.kv_mgr.transfer_infos.get(int(room)) or {})
+    return registered_targets(infos, guard.host.registered_peer)
+
+
+def _tell_decodes_of_failure(sender, targets: list[tuple[str, int]]) -> None:
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    if not targets or getattr(sender, "conclude_state", None) != KVPoll.Failed:
+        return
+    room = int(sender.bootstrap_room)
+    why = sender.kv_mgr.failure_records.get(room) or "failed (no reason recorded)"
+    sender.kv_mgr.send_kv_status_message(targets=targets, bootstrap_room=room, status=KVPoll.Failed,
+                                         failure_reason=f"prefill's request failed: {why}")
+    current().counters.add("prefill_failures_told_total")
 
 
 def _count_turn(turn: Between, sender, wait_s: float) -> None:

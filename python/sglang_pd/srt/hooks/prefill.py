@@ -3,13 +3,16 @@
     PrefillBootstrapQueue.finalize_bootstrap   -> decode_prefix_len checked and recorded
     PrefillBootstrapQueue.add                  -> a room a decline already waits for fails at once
     ...PrefillMixin.handle_bootstrap_failure   -> a declined room is answered as decode asked (not a failure)
+    ...PrefillMixin.release_aborted_prefill_waiting_req -> the aborted request's sender is cleared (decode told)
 """
 
 from __future__ import annotations
 
 import logging
+import time
 
 from sglang_pd.srt.disaggregation.prefill_guard import validate_decode_prefix_len
+from sglang_pd.srt.fault_injection import Fault
 from sglang_pd.srt.hooks.common_conn import fail_declined_room
 from sglang_pd.srt.mem_cache.common import RequestKind, request_kind
 from sglang_pd.srt.state import current
@@ -23,6 +26,8 @@ def around_finalize_bootstrap(original, queue, req):
     state = current()
     sender = req.disagg_kv_sender
     room = int(req.bootstrap_room)
+    if _held_by_fault(state, queue, req, room):
+        return False  # SGLang's own "not yet": the request stays in the bootstrap queue, bootstrapped
     page_size = int(queue.scheduler.token_to_kv_pool_allocator.page_size)
     asked = sender.kv_mgr.req_to_decode_prefix_len.get(room, 0)
     digests = state.peer_guard.digests
@@ -49,6 +54,26 @@ def around_finalize_bootstrap(original, queue, req):
     return finished
 
 
+_FAULT_HOLD_S = 10.0  # Fault.PREFILL_BOOTSTRAP_HOLD: how long a targeted room waits, bootstrapped
+
+
+def _held_by_fault(state, queue, req, room: int) -> bool:
+    """Test-only: a room targeted by PREFILL_BOOTSTRAP_HOLD stays in the bootstrap queue with decode's
+    transfer info held, uncomputed, for _FAULT_HOLD_S (not a request already in the waiting queue)."""
+    faults = state.faults
+    if not faults.enabled:
+        return False
+    holds = faults.hold_until
+    if room not in holds:
+        if not any(queued is req for queued in queue.queue) or not faults.take(Fault.PREFILL_BOOTSTRAP_HOLD, room):
+            return False
+        holds[room] = time.monotonic() + _FAULT_HOLD_S
+    if time.monotonic() < holds[room]:
+        return True
+    holds.pop(room)
+    return False
+
+
 def after_add(result, queue, req, num_kv_heads):
     """The request's room now exists on prefill: if decode already declined it (the decline won the race
     against this half), fail the room now so this loop's bootstrap poll answers it."""
@@ -71,9 +96,32 @@ def around_handle_bootstrap_failure(original, scheduler, req):
     notice = state.room_declines.take(int(req.bootstrap_room)) if req.bootstrap_room is not None else None
     if notice is None:
         return original(scheduler, req)
-    _answer_declined(scheduler, req, notice.status, notice.message)
+    declining = state.peer_guard.declining  # the clear inside does not tell decode: it asked for this
+    declining.add(int(req.bootstrap_room))
+    try:
+        _answer_declined(scheduler, req, notice.status, notice.message)
+    finally:
+        declining.discard(int(req.bootstrap_room))
     state.prefill_log.record_decline(int(req.bootstrap_room), str(req.rid), notice.status, notice.message)
     return None
+
+
+def after_release_aborted_waiting_req(result, scheduler, req):
+    """An abort of a bootstrapped request still in prefill's waiting queue: SGLang marks its room Failed
+    and drops the request without clearing its sender, so decode (whose transfer info is held here) was
+    never told and the room's tables stayed. Clear it now, as SGLang's failure path does: the clear hook
+    tells decode with the reason and remembers the failed room; the failure record goes with it."""
+    sender = getattr(req, "disagg_kv_sender", None)
+    if sender is None or req.bootstrap_room is None:
+        return result
+    try:
+        sender.clear()
+        with sender.kv_mgr.failure_lock:
+            sender.kv_mgr.failure_records.pop(int(req.bootstrap_room), None)
+        current().counters.add("prefill_waiting_aborts_cleared_total")
+    except Exception:
+        current().hook_failed("release_aborted_waiting_req", "clearing aborted room %s failed", req.bootstrap_room)
+    return result
 
 
 def _answer_declined(scheduler, req, status: int | None, message: str) -> None:

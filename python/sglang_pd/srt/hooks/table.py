@@ -241,6 +241,12 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         f"{_DISAGG}.prefill.SchedulerDisaggregationPrefillMixin.handle_bootstrap_failure", "AROUND",
         prefill.around_handle_bootstrap_failure, ProcessKind.SCHEDULER,
         "prefill: a declined room answers as decode asked (200 for decode-local prefill), not as a failure"),
+    HookSpec(
+        f"{_DISAGG}.prefill.SchedulerDisaggregationPrefillMixin.release_aborted_prefill_waiting_req", "AFTER",
+        prefill.after_release_aborted_waiting_req, ProcessKind.SCHEDULER,
+        "prefill: a request aborted in the waiting queue (bootstrapped, not yet computed) has its sender cleared, "
+        "which tells its decode (0.5.23 only marks the room Failed: decode waited for its waiting timeout, and "
+        "the room's tables stayed)"),
     # ---- hostile peers (issue 16; handshake_gate.py, peer_auth.py, bootstrap_guard.py, thread_watch.py) ----
     HookSpec(
         f"{_CONN}.CommonKVManager.__init__", "AROUND", common_conn.around_manager_init, ProcessKind.SCHEDULER,
