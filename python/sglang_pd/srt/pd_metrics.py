@@ -107,8 +107,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "late_transfer_infos_refused_total": ("counter", "decode transfer infos refused: prefill's own request for the "
                                                      "room had already failed (decode told at once)"),
     "prefill_failures_told_total": ("counter", "prefill requests that failed after their decode's transfer info came "
-                                               "(abort, timeout in prefill's queue) whose decode prefill told at "
-                                               "once (SGLang tells it only of a failed transfer)"),
+                                               "(e.g. aborted on prefill before their forward) whose decode prefill "
+                                               "told at once (SGLang tells it only of a failed transfer)"),
     "prefill_waiting_aborts_cleared_total": ("counter", "prefill requests aborted in the waiting queue whose sender "
                                                         "prefill cleared (SGLang leaves it: decode untold, room kept)"),
     "prefill_sender_clears_total": ("counter", "prefill request senders SGLang cleared (a request's end on prefill)"),
