@@ -220,8 +220,8 @@ def around_sender_clear(original, sender):
     """Prefill: SGLang clears the request's sender (upstream's end of a room's life here) only while the
     bootstrap thread is between two messages (guarded_socket.py: its handling of a transfer info for this
     room read `transfer_infos[room]` again after a clear popped it, and the thread died of the KeyError).
-    A request that failed here after its decode's transfer info came (an abort, a timeout in prefill's
-    queue) has its decode told now, with the reason (SGLang tells it only when a transfer fails: decode
+    A request that failed here after its decode's transfer info came (e.g. an abort on prefill before its
+    forward) has its decode told now, with the reason (SGLang tells it only when a transfer fails: decode
     held the pages and prefix lock until its waiting timeout); not for a room decode itself declined.
     Then the room is no longer bound to its prompt (prompt_binding.py) nor claimed; if the request failed
     (bootstrap timeout, abort, a failed transfer) the room is remembered with the reason SGLang recorded,
