@@ -86,13 +86,12 @@ class GuardedSocket(zmq.Socket):
             self._take()  # from here until the next call: the gate's checks and SGLang's handling, in one piece
             self.before_admit()
             admitted = self._admit(frames)
-            if admitted is not None:
-                if time.monotonic() >= self._next_housekeeping:
-                    self._housekeeping()
-                return admitted
-            self._release()
+            if admitted is None:
+                self._release()  # dropped: nothing of SGLang's runs for it
             if time.monotonic() >= self._next_housekeeping:
                 self._housekeeping()
+            if admitted is not None:
+                return admitted
             if flags & zmq.NOBLOCK:
                 raise zmq.Again()
 
@@ -103,26 +102,25 @@ class GuardedSocket(zmq.Socket):
     @contextlib.contextmanager
     def between_messages(self) -> Iterator[Between]:
         """Run the body while the reader is not handling a message (see the module docstring)."""
+        turn = self._wait_for_turn()
+        try:
+            yield turn
+        finally:
+            if self.hold is not None and turn in (Between.FREE, Between.WAITED):
+                self.hold.release()
+
+    def _wait_for_turn(self) -> Between:
+        """Take `hold` (FREE / WAITED), or say why the body runs without it."""
         if self.hold is None or self.hold.acquire(blocking=False):
-            try:
-                yield Between.FREE
-            finally:
-                if self.hold is not None:
-                    self.hold.release()
-            return
+            return Between.FREE
         deadline = time.monotonic() + self.hold_wait_s
         while not self.hold.acquire(timeout=0.02):
             reader = self.reader
             if reader is not None and not reader.is_alive():
-                yield Between.READER_DEAD
-                return
+                return Between.READER_DEAD
             if time.monotonic() >= deadline:
-                yield Between.TIMED_OUT
-                return
-        try:
-            yield Between.WAITED
-        finally:
-            self.hold.release()
+                return Between.TIMED_OUT
+        return Between.WAITED
 
     def _take(self) -> None:
         if self.hold is not None and not self._held:
