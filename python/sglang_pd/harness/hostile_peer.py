@@ -201,9 +201,11 @@ def wait_received(dep, server, at_least: int, timeout_s: float = 60.0) -> dict:
 
 
 def assert_threads_alive(view: dict, side: str) -> None:
-    """The PD threads of a server were found and none is dead, and prefill's request clears wait for its
-    bootstrap thread to be between messages (raises AssertionError naming what is wrong)."""
+    """The PD threads of a server were found and none is dead, and prefill's request clears and transfer
+    workers' room removals wait for its bootstrap thread to be between messages (raises AssertionError
+    naming what is wrong)."""
     assert view["bootstrap_hold"] == ("on" if side == "prefill" else "decode: none"), view["bootstrap_hold"]
+    assert view["transfer_infos_held"] is (side == "prefill"), view["transfer_infos_held"]
     threads = view["threads"]
     roles = threads["by_role"]
     wanted = {"bootstrap", "transfer_worker"} if side == "prefill" else {"status_listener", "heartbeat"}

@@ -117,6 +117,11 @@ METRICS: dict[str, tuple[str, str]] = {
                                                      "clear landed inside it)"),
     "clear_bootstrap_wait_timeouts_total": ("counter", "prefill request clears that waited the 2 s maximum for the "
                                                        "bootstrap thread and ran anyway (logged)"),
+    "room_pops_waited_for_bootstrap_total": ("counter", "rooms a prefill transfer worker removed from SGLang's "
+                                                        "transfer infos after waiting for the bootstrap thread to "
+                                                        "finish handling a message (same race as a clear's)"),
+    "room_pop_bootstrap_wait_timeouts_total": ("counter", "such removals that waited the 2 s maximum and ran anyway "
+                                                          "(logged)"),
     "pd_threads_dead": ("gauge", "PD threads (bootstrap, status listener, transfer workers) found dead; /health "
                                  "fails while > 0"),
     # PD scheduler waits (srt/disaggregation/idle_wait.py)

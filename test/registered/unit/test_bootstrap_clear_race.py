@@ -64,6 +64,7 @@ class Prefill:
     def __init__(self, backend: str, guarded: bool, before_admit=lambda: None):
         from sglang.srt.disaggregation.base.conn import KVPoll
 
+        self.backend = backend
         module = self.module = _conn(backend)
         cls = module.MooncakeKVManager if backend == "mooncake" else module.NixlKVManager
         self.templates = Templates(backend, PEER)
@@ -281,3 +282,119 @@ def test_closing_a_guarded_socket_closes_its_owner():
     signing.close(linger=0)
     assert push._closed
     ctx.term()
+
+
+# ---- a transfer worker done with a room removes it from the same table --------------------------------------
+class WorkerStop(BaseException):
+    """Ends an upstream transfer worker's loop (NIXL's has no sentinel): raised by `OneChunkQueue.get`."""
+
+
+class OneChunkQueue:
+    """What upstream's transfer worker reads: one chunk, then WorkerStop."""
+
+    def __init__(self, chunk):
+        self.items = [chunk]
+
+    def get(self):
+        if not self.items:
+            raise WorkerStop()
+        return self.items.pop()
+
+
+def _worker_finishes_room_in_thread(prefill: Prefill, room: int) -> threading.Thread:
+    """Upstream's own transfer worker (unhooked) handles `room`'s last chunk of a transfer that is done (status
+    Success, nothing left to send), and removes the room from `transfer_infos` as it does after every room."""
+    import numpy as np
+    from sglang.srt.disaggregation.base.conn import KVPoll
+    from sglang.srt.disaggregation.common.utils import TransferKVChunk
+
+    mgr = prefill.mgr
+    mgr.request_status[room] = KVPoll.Success
+    mgr.enable_trace, mgr.enable_deferred_decode_kv_release = False, False
+    mgr.failure_lock, mgr.kv_args.kv_data_ptrs = threading.Lock(), []
+    chunk = TransferKVChunk(room=room, prefill_kv_indices=np.zeros(0, dtype=np.int32), index_slice=slice(0, 0),
+                            is_last_chunk=True, prefill_aux_index=0, state_indices=None)
+    cls, extra = type(mgr), {"executor": None} if prefill.backend == "mooncake" else {}
+    target = lambda: cls.transfer_worker(mgr, OneChunkQueue(chunk), **extra)  # noqa: E731
+    thread = threading.Thread(target=target, name="transfer-worker")
+    thread.start()
+    return thread
+
+
+def _held_rooms(prefill: Prefill, turns: list) -> None:
+    """What sglang_pd installs on prefill's manager with the hold: removals wait for the reader's turn."""
+    from sglang_pd.srt.disaggregation.guarded_socket import HeldRooms
+
+    prefill.mgr.transfer_infos = HeldRooms(prefill.mgr.transfer_infos, prefill.sock,
+                                           lambda turn, room: turns.append((turn, room)))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_upstream_bootstrap_thread_dies_when_a_worker_removes_the_room_inside_its_handling(backend, monkeypatch,
+                                                                                          quiet_thread_deaths):
+    """The same window, the other remover: a transfer info for a room arrives as its transfer worker finishes
+    the room's last chunk (a peer sending it twice, or a second decode session naming it). Upstream alone."""
+    with parked_in_the_window(monkeypatch, backend, guarded=False) as (prefill, paused):
+        worker = _worker_finishes_room_in_thread(prefill, ROOM)
+        worker.join(5)
+        assert not worker.is_alive() and ROOM not in prefill.mgr.transfer_infos  # the worker removed it
+        paused.go.set()
+        prefill.thread.join(5)
+        assert not prefill.thread.is_alive()
+        assert [e for e in quiet_thread_deaths if e is not WorkerStop] == [KeyError]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_worker_removing_a_room_waits_until_the_bootstrap_thread_is_between_messages(backend, monkeypatch,
+                                                                                       quiet_thread_deaths):
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    turns = []
+    with parked_in_the_window(monkeypatch, backend, guarded=True) as (prefill, paused):
+        _held_rooms(prefill, turns)
+        assert prefill.sock._held  # inside the window, holding
+        worker = _worker_finishes_room_in_thread(prefill, ROOM)
+        worker.join(0.5)
+        assert worker.is_alive() and ROOM in prefill.mgr.transfer_infos  # the removal waits outside it
+        paused.go.set()
+        worker.join(5)
+        assert not worker.is_alive() and ROOM not in prefill.mgr.transfer_infos  # removed after
+        assert turns == [(Between.WAITED, ROOM)]
+        assert prefill.thread.is_alive() and [e for e in quiet_thread_deaths if e is not WorkerStop] == []
+        prefill.send(NEXT_ROOM)  # the same thread pairs the next room
+        for _ in range(100):
+            if prefill.mgr.request_status.get(NEXT_ROOM) == KVPoll.WaitingForInput:
+                break
+            threading.Event().wait(0.05)
+        assert list(prefill.mgr.transfer_infos[NEXT_ROOM]) == [PEER.name]
+        assert prefill.mgr.transfer_infos.pop(NEXT_ROOM) and turns[-1] == (Between.FREE, NEXT_ROOM)  # idle: no wait
+
+
+def test_the_installed_table_counts_a_waited_removal_and_a_timed_out_one(monkeypatch, pd_state, caplog,
+                                                                         quiet_thread_deaths):
+    """The hook's report (common_conn._count_room_pop_turn): a waited removal counted, one past the cap
+    counted and logged, a removal inside a clear (the reentrant turn) not counted again."""
+    from sglang_pd.srt.disaggregation.guarded_socket import HeldRooms
+
+    with parked_in_the_window(monkeypatch, "mooncake", guarded=True) as (prefill, paused):
+        rooms = HeldRooms(prefill.mgr.transfer_infos, prefill.sock, common_conn._count_room_pop_turn)
+        prefill.mgr.transfer_infos = rooms
+        rooms[NEXT_ROOM] = {}
+        prefill.sock.hold_wait_s = 0.2
+        with caplog.at_level(logging.ERROR, logger="sglang_pd.srt.hooks.common_conn"):
+            worker = _worker_finishes_room_in_thread(prefill, NEXT_ROOM)
+            worker.join(5)
+        assert not worker.is_alive() and NEXT_ROOM not in rooms  # ran anyway, after the cap
+        assert pd_state.counters.get("room_pop_bootstrap_wait_timeouts_total") == 1
+        assert "past the wait's cap" in caplog.text
+        prefill.sock.hold_wait_s = 5.0
+        worker = _worker_finishes_room_in_thread(prefill, ROOM)
+        worker.join(0.3)
+        assert worker.is_alive()
+        paused.go.set()
+        worker.join(5)
+        assert not worker.is_alive() and pd_state.counters.get("room_pops_waited_for_bootstrap_total") == 1
+        clear = _clear_in_thread(prefill, NEXT_ROOM, hooked=True)  # pops inside its own turn
+        clear.join(5)
+        assert pd_state.counters.get("room_pops_waited_for_bootstrap_total") == 1
+        assert pd_state.counters.get("room_pop_bootstrap_wait_timeouts_total") == 1

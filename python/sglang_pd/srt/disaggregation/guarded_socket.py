@@ -14,6 +14,11 @@ the rooms that handling reads (SGLang's `CommonKVSender.clear`, through our hook
 KeyError and ended the thread (every later pairing with it). The wait is bounded (`HOLD_WAIT_S`); it
 also ends at once when the reader is dead (nothing left to race).
 
+`HeldRooms` is the same rule for SGLang's `transfer_infos` table itself: a room leaves it (`pop`, `del`)
+only between two messages. Besides the clear, prefill's transfer workers pop a room when its last chunk
+is done; a transfer info for that room arriving at that moment (a peer sending it twice, or a second
+decode session naming it) met the same KeyError in the bootstrap thread.
+
 `SigningSocket` shadows a PUSH socket: `send_multipart` appends the `PeerAuth` trailer.
 
 Neither owns the libzmq socket: the SGLang object it shadows does (kept referenced here), so
@@ -152,6 +157,37 @@ class GuardedSocket(zmq.Socket):
 
     def _gate_error(self, doing: str) -> None:
         self.on_error(doing)  # inside the except block: counts and logs (with traceback) what failed
+
+
+class HeldRooms(dict):
+    """SGLang's `transfer_infos` (room -> {peer: info}) whose removals wait for `sock.between_messages()`.
+    Reads and inserts are plain dict operations (the bootstrap thread inserts while it holds). `on_turn`
+    is told how each removal got its turn (counting, logging); a removal already inside a turn (the
+    clear hook, or the reader itself) takes the reentrant lock at once."""
+
+    def __init__(self, rooms: dict, sock: GuardedSocket, on_turn: Callable[[Between, object], None]):
+        super().__init__(rooms)
+        self._sock, self._on_turn = sock, on_turn
+
+    def pop(self, room, *default):
+        with self._sock.between_messages() as turn:
+            self._on_turn(turn, room)
+            return super().pop(room, *default)
+
+    def __delitem__(self, room) -> None:
+        with self._sock.between_messages() as turn:
+            self._on_turn(turn, room)
+            super().__delitem__(room)
+
+    def popitem(self):
+        with self._sock.between_messages() as turn:
+            self._on_turn(turn, None)
+            return super().popitem()
+
+    def clear(self) -> None:
+        with self._sock.between_messages() as turn:
+            self._on_turn(turn, None)
+            super().clear()
 
 
 class SigningSocket(zmq.Socket):

@@ -53,6 +53,14 @@ class HttpGuardCounts:
         if first:
             logger.warning("%s (peer %s; further refusals from this peer are counted, not logged)", line, peer)
 
+    def transfer_infos_held(self) -> bool:
+        """Whether SGLang's manager holds its transfer infos in our HeldRooms now (read from the live manager:
+        a manager that replaced the table since start-up shows False)."""
+        from sglang_pd.srt.disaggregation.guarded_socket import HeldRooms
+
+        mgr = getattr(self.host, "mgr", None)
+        return isinstance(getattr(mgr, "transfer_infos", None), HeldRooms)
+
     def snapshot(self) -> dict:
         """Read-only copy."""
         with self.lock:
@@ -84,6 +92,14 @@ class PeerGuard:
         """Dead PD threads of this process (name -> role); empty when none or not watched."""
         return self.watch.dead() if self.watch else {}
 
+    def transfer_infos_held(self) -> bool:
+        """Whether SGLang's manager holds its transfer infos in our HeldRooms now (read from the live manager:
+        a manager that replaced the table since start-up shows False)."""
+        from sglang_pd.srt.disaggregation.guarded_socket import HeldRooms
+
+        mgr = getattr(self.host, "mgr", None)
+        return isinstance(getattr(mgr, "transfer_infos", None), HeldRooms)
+
     def snapshot(self) -> dict:
         """JSON-able view for /sglang_pd/stats (`handshake`)."""
         view = {
@@ -96,6 +112,7 @@ class PeerGuard:
             "http": self.http.snapshot(),
             "num_gate_errors": self.num_gate_errors,
             "bootstrap_hold": self.bootstrap_hold,
+            "transfer_infos_held": self.transfer_infos_held(),
             "num_prompt_digests_sent": self.outgoing.num_sent,
         }
         if self.rooms_view is not None:

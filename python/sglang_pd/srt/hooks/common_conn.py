@@ -9,7 +9,8 @@ and NIXL managers (subclasses of CommonKVManager):
 - CommonKVSender.__init__ (AFTER): the room is claimed by a local request; a room a rejected message
   failed before its request existed fails now instead of waiting for the bootstrap timeout.
 - CommonKVSender.clear (AROUND): runs only while prefill's bootstrap thread is between two messages
-  (guarded_socket.py; a clear inside its handling of a transfer info ended the thread); a request that
+  (guarded_socket.py; a clear inside its handling of a transfer info ended the thread; the transfer
+  workers' own removals of a finished room from `transfer_infos` wait the same way, HeldRooms); a request that
   failed after its decode's transfer info came has that decode told; then the room
   is no longer bound to its prompt; a room whose request failed is remembered, so a decode transfer
   info that arrives after is refused and its decode told at once.
@@ -29,7 +30,7 @@ import dataclasses
 import logging
 import threading
 
-from sglang_pd.srt.disaggregation.guarded_socket import Between, GuardedSocket, SigningSocket
+from sglang_pd.srt.disaggregation.guarded_socket import Between, GuardedSocket, HeldRooms, SigningSocket
 from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits, Side
 from sglang_pd.srt.disaggregation.handshake_gate import HandshakeGate
 from sglang_pd.srt.disaggregation.manager_host import ManagerHost, registered_targets
@@ -114,6 +115,8 @@ def _install(mgr, limits: FrameLimits, before) -> None:
     hold = prefill and _reader_comes_straight_back(mgr, limits)
     mgr.server_socket = GuardedSocket.around(mgr.server_socket, guard.gate, on_error=_count_gate_error,
                                              before_admit=_injected_reader_exit, hold=hold)
+    if hold:  # a transfer worker's pop of a finished room waits for the same turn as a clear
+        mgr.transfer_infos = HeldRooms(mgr.transfer_infos, mgr.server_socket, _count_room_pop_turn)
     guard.bootstrap_hold = "on" if hold else ("off: --enable-pd-role-switch" if prefill else "decode: none")
     ip = f"[{mgr.local_ip}]" if ":" in str(mgr.local_ip) else mgr.local_ip
     guard.endpoint = f"tcp://{ip}:{mgr.rank_port}"
@@ -271,6 +274,18 @@ def _count_turn(turn: Between, sender, wait_s: float) -> None:
         logger.error("sglang_pd: clearing room %s: prefill's bootstrap thread held one message for over %g s; "
                      "cleared anyway (if that message names this room, SGLang's thread may die of it: /health "
                      "then answers 503)", sender.bootstrap_room, wait_s)
+
+
+def _count_room_pop_turn(turn: Between, room) -> None:
+    """HeldRooms' report: a removal from `transfer_infos` outside a clear (a transfer worker done with a room)."""
+    state = current()
+    if turn is Between.WAITED:
+        state.counters.add("room_pops_waited_for_bootstrap_total")
+    elif turn is Between.TIMED_OUT:
+        state.counters.add("room_pop_bootstrap_wait_timeouts_total")
+        logger.error("sglang_pd: removing room %s from prefill's transfer infos: the bootstrap thread held one "
+                     "message past the wait's cap; removed anyway (if that message names this room, SGLang's thread "
+                     "may die of it: /health then answers 503)", room)
 
 
 def _after_clear(sender) -> None:

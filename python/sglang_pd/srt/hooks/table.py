@@ -251,7 +251,9 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
     HookSpec(
         f"{_CONN}.CommonKVManager.__init__", "AROUND", common_conn.around_manager_init, ProcessKind.SCHEDULER,
         "every message on the rank socket (prefill and decode, mooncake and NIXL, every receiving thread) "
-        "passes the HandshakeGate before SGLang parses it: auth, schema, state; PD threads watched"),
+        "passes the HandshakeGate before SGLang parses it: auth, schema, state; PD threads watched; on prefill "
+        "the manager's transfer_infos becomes HeldRooms (a transfer worker's pop of a finished room waits until "
+        "the bootstrap thread is between messages)"),
     HookSpec(
         "sglang.srt.utils.network.get_zmq_socket_on_host", "AROUND", network.around_get_zmq_socket_on_host,
         ProcessKind.SCHEDULER, "inside a KV manager's construction only: bind its PULL socket with "
