@@ -107,8 +107,16 @@ METRICS: dict[str, tuple[str, str]] = {
     "late_transfer_infos_refused_total": ("counter", "decode transfer infos refused: prefill's own request for the "
                                                      "room had already failed (decode told at once)"),
     "prefill_failures_told_total": ("counter", "prefill requests that failed after their decode's transfer info came "
-                                               "(e.g. aborted on prefill before their forward) whose decode prefill "
-                                               "told at once (SGLang tells it only of a failed transfer)"),
+                                               "(aborted on prefill before or during their transfer) whose decode "
+                                               "prefill told, at once or once the transfer's writes settled (SGLang "
+                                               "tells it only of a failed transfer)"),
+    "prefill_failure_tells_held_total": ("counter", "Failed statuses for a decode (a failed request's at its clear, "
+                                                    "or a room a rejected message failed) held because a transfer "
+                                                    "worker's writes into that decode's pages had not settled (sent "
+                                                    "once they did)"),
+    "prefill_failure_tells_dropped_total": ("counter", "held failure statuses never sent: the room's writes did not "
+                                                       "settle within the room TTL, or a new request took the room "
+                                                       "(that decode ends at its own waiting timeout)"),
     "prefill_waiting_aborts_cleared_total": ("counter", "prefill requests aborted in the waiting queue whose sender "
                                                         "prefill cleared (SGLang leaves it: decode untold, room kept)"),
     "prefill_sender_clears_total": ("counter", "prefill request senders SGLang cleared (a request's end on prefill)"),

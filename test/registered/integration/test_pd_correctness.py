@@ -154,6 +154,64 @@ class TestNixlHostMemory(CorrectnessSuite):
         assert_stall_cancelled_and_decode_told(dep, plain_url, NIXL_STALL_S)
 
 
+    def test_a_prefill_half_aborted_during_its_transfer_tells_decode_only_once_the_writes_settled(
+            self, dep: PDDeployment, plain_url: str):
+        """An abort on prefill while the room's NIXL transfer is in flight (held there by the stall fault):
+        SGLang clears the sender at once, and telling decode then would let it free pages a write may still
+        land in. The tell is held (counted) while the transfer is in flight; decode keeps waiting, its lock
+        held, until the stall bound cancels the transfer; then it is told, with the abort's reason, and
+        releases once."""
+        import time
+
+        from conftest import NIXL_STALL_S
+        from lock_checks import assert_lock_held, assert_released_once, in_background, wait_for_plan, wait_until
+
+        rng = random.Random(34)
+        primed = _tokens(rng, 32)
+        dep.generate_pd(primed, NEW_TOKENS)  # decode holds this prefix: the victim locks it
+        prompt = primed + _tokens(rng, 8)
+        pairing = dep.pairing()
+        room, rid = pairing["bootstrap_room"], f"aborted-in-flight-{pairing['bootstrap_room']}"
+        before = dep.scheduler_state(dep.prefill)
+        counter = lambda state, name: state["counters"].get(name, 0)  # noqa: E731
+        dep.arm_faults(dep.prefill, nixl_stall_room=room)
+        prefill_half = in_background(dep.post_generate, dep.prefill.url, prompt, NEW_TOKENS, 120, dep.headers,
+                                     rid=rid, **pairing)
+        decode_half = in_background(dep.post_generate, dep.decodes[0].url, prompt, NEW_TOKENS, 120, dep.headers,
+                                    rid=rid, **pairing)
+        plan = wait_for_plan(dep, rid)
+        # the state under test: the room's transfer in flight on prefill (KVPoll.Transferring), decode locked
+        wait_until(lambda: room in dep.scheduler_state(dep.prefill)["handshake"]["rooms"]["by_status"].get("3", []),
+                   "the room's transfer in flight on prefill", 30, 0.05)
+        assert_lock_held(dep, rid)
+        dep.abort(dep.prefill, rid)
+        prefill_half["thread"].join(30)  # answered after SGLang failed and cleared its sender
+        assert "resp" in prefill_half and prefill_half["resp"].status_code >= 400, prefill_half
+        time.sleep(1.5)  # housekeeping ran at least once meanwhile (1 s): the transfer still in flight, so...
+        assert decode_half["thread"].is_alive(), decode_half  # ...decode not told: it still waits, locked
+        assert_lock_held(dep, rid)
+        waiting = dep.scheduler_state(dep.prefill)
+        assert waiting["prefill_transfer"]["num_nixl_stalls"] == before["prefill_transfer"]["num_nixl_stalls"]
+        assert counter(waiting, "prefill_failure_tells_held_total") == \
+            counter(before, "prefill_failure_tells_held_total") + 1  # held at the clear, not sent
+        decode_half["thread"].join(NIXL_STALL_S + 30)
+        told_at = dep.scheduler_state(dep.prefill)
+        assert "resp" in decode_half, decode_half
+        resp = decode_half["resp"]
+        assert resp.status_code >= 400 and "prefill's request failed: Aborted by AbortReq." in resp.text, resp.text
+        assert told_at["prefill_transfer"]["num_nixl_stalls"] == before["prefill_transfer"]["num_nixl_stalls"] + 1
+        assert counter(told_at, "nixl_uncancellable_stalls_total") == 0  # cancelled: nothing writes any more
+        tells = {k: (counter(before, k), counter(told_at, k)) for k in ("prefill_failures_told_total",
+                 "prefill_failure_tells_held_total", "prefill_failure_tells_dropped_total", "prefill_sender_clears_total")}
+        assert counter(told_at, "prefill_failures_told_total") == counter(before, "prefill_failures_told_total") + 1, tells
+        assert counter(told_at, "prefill_failure_tells_dropped_total") == \
+            counter(before, "prefill_failure_tells_dropped_total")
+        assert_released_once(dep.wait_clean(), rid, plan["decode_prefix_len"])
+        assert dep.generate_pd(prompt, NEW_TOKENS)[1]["output_ids"] == \
+            dep.generate(plain_url, prompt, NEW_TOKENS)["output_ids"]  # the pair serves on
+        dep.wait_clean()
+
+
 def assert_stall_cancelled_and_decode_told(dep: PDDeployment, plain_url: str, stall_s: float) -> None:
     """A NIXL transfer that never reports done is cancelled past the bound; only then is the room
     failed; decode hears it within the bound (plus scheduling slack) and releases lock and pages."""

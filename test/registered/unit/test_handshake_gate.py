@@ -3,6 +3,7 @@
 import logging
 import threading
 import time
+from collections import defaultdict
 from types import SimpleNamespace
 
 import pytest
@@ -59,6 +60,9 @@ class Host:
 
     def prune(self):
         pass
+
+    def send_drained_tells(self):
+        return [], []
 
 
 def gate(host, auth=None, side=Side.PREFILL, clock=None, **kw):
@@ -262,6 +266,7 @@ class Manager:
 
     def __init__(self):
         self.request_status, self.transfer_infos, self.req_to_decode_prefix_len = {}, {}, {}
+        self._staging_outstanding: dict[int, int] = defaultdict(int)  # chunks a transfer worker holds, per room
         self.failure_records: dict[int, str] = {}
         self.failure_lock = threading.Lock()
         self.decode_kv_args_table = {PEER.name: SimpleNamespace(endpoint=PEER.ip, dst_port=PEER.port)}
@@ -269,6 +274,12 @@ class Manager:
 
     def send_kv_status_message(self, targets, bootstrap_room, status, failure_reason=None):
         self.told.append((tuple(targets), bootstrap_room, status, failure_reason))
+
+    def record_failure(self, room, reason):
+        self.failure_records[room] = reason
+
+    def update_status(self, room, status):
+        self.request_status[room] = status
 
     def clear(self, sender):
         """What SGLang's CommonKVSender.clear does to these tables (conclude_state set before)."""
@@ -382,3 +393,73 @@ def test_a_request_aborted_in_prefills_waiting_queue_is_cleared_and_its_decode_t
     assert guard.failed_rooms.reason(room) == "Aborted by AbortReq."  # a late transfer info is refused
     assert not current().counters.labelled["hook_errors_total"]  # the hook did not fail
     assert current().counters.get("prefill_waiting_aborts_cleared_total") == 1
+
+
+def test_a_failure_tell_waits_until_no_write_into_the_decodes_pages_can_land():
+    """An abort on prefill during the room's transfer: a worker holds one of its chunks (upstream's
+    `_staging_outstanding`), so telling decode now would let it free pages the write still lands in. The
+    tell is held, sent by the gate's housekeeping once the count drains; one held past the TTL is dropped
+    (never sent); a new request on a room drops the old tell; a decode SGLang's worker already told of a
+    failed transfer is not told again."""
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    from sglang_pd.srt.disaggregation.manager_host import ManagerHost
+    from sglang_pd.srt.hooks import common_conn
+    from sglang_pd.srt.state import current
+
+    mgr, clock = Manager(), Clock()
+    lim = FrameLimits("mooncake", Side.PREFILL, 16, 64, 1 << 20, aux_item_lens=(32,), aux_slots=(8,))
+    guard, counters = current().peer_guard, current().counters
+    guard.host = host = ManagerHost(mgr, lim, held_ttl_s=10, clock=clock, on_count=counters.add)
+    g = HandshakeGate(lim, host, None, UnclaimedRooms(10, clock=clock), None, clock=clock, on_count=counters.add)
+    decode = SimpleNamespace(endpoint=PEER.ip, dst_port=PEER.port)
+    for room in (1, 2, 3, 4):
+        mgr.request_status[room], mgr.transfer_infos[room] = KVPoll.Failed, {PEER.name: decode}
+        mgr.failure_records[room] = "Aborted by AbortReq."
+        mgr._staging_outstanding[room] = 1 if room != 4 else 0  # rooms 1-3: a chunk in flight at the clear
+    senders = {room: SimpleNamespace(bootstrap_room=room, conclude_state=KVPoll.Failed, kv_mgr=mgr)
+               for room in (1, 2, 3, 4)}
+    for sender in senders.values():
+        common_conn.around_sender_clear(mgr.clear, sender)
+    told = lambda: [t[1] for t in mgr.told]  # noqa: E731
+    assert told() == [4]  # nothing in flight: at once
+    assert sorted(host.held_tells) == [1, 2, 3] and counters.get("prefill_failure_tells_held_total") == 3
+    g.housekeeping()
+    assert told() == [4]  # still writing: still held
+    mgr._staging_outstanding[1] -= 1  # room 1's write settled (the worker's own decrement)
+    mgr._staging_outstanding.pop(2)   # room 2's chunk skipped or recovered (the entry popped)
+    g.housekeeping()
+    assert told() == [4, 1, 2] and mgr.told[1] == (((PEER.ip, PEER.port),), 1, KVPoll.Failed,
+                                                    "prefill's request failed: Aborted by AbortReq.")
+    assert counters.get("prefill_failures_told_total") == 3 and sorted(host.held_tells) == [3]
+    clock.now += 11  # room 3's write never settles: dropped, never told
+    g.housekeeping()
+    assert told() == [4, 1, 2] and host.held_tells == {} and counters.get("prefill_failure_tells_dropped_total") == 1
+    mgr._staging_outstanding[5] = 1  # a held tell, then a new request on its room: dropped
+    mgr.request_status[5], mgr.transfer_infos[5], mgr.failure_records[5] = KVPoll.Failed, {PEER.name: decode}, "x"
+    common_conn.around_sender_clear(mgr.clear, SimpleNamespace(bootstrap_room=5, conclude_state=KVPoll.Failed,
+                                                               kv_mgr=mgr))
+    assert 5 in host.held_tells
+    common_conn.after_sender_init(None, SimpleNamespace(bootstrap_room=5), mgr, "addr", 5)
+    assert host.held_tells == {} and counters.get("prefill_failure_tells_dropped_total") == 2
+    mgr._staging_outstanding.pop(5)
+    g.housekeeping()
+    assert told() == [4, 1, 2]
+    # a failed transfer: SGLang's worker told the decode itself (through send_kv_status_message, which our
+    # AFTER hook notes); the clear does not tell it again
+    mgr.request_status[6], mgr.transfer_infos[6], mgr.failure_records[6] = KVPoll.Failed, {PEER.name: decode}, "x"
+    common_conn.after_send_kv_status_message(None, mgr, targets=[(PEER.ip, PEER.port)], bootstrap_room=6,
+                                             status=KVPoll.Failed, failure_reason="NIXL transfer encountered ERR")
+    assert host.told_failed == {6: {(PEER.ip, PEER.port)}}
+    common_conn.around_sender_clear(mgr.clear, SimpleNamespace(bootstrap_room=6, conclude_state=KVPoll.Failed,
+                                                               kv_mgr=mgr))
+    assert told() == [4, 1, 2] and host.told_failed == {} and counters.get("prefill_failures_told_total") == 3
+    # the gate failing a room in transfer (a rejected message naming it) tells the registered decode the same way
+    mgr.request_status[9], mgr._staging_outstanding[9] = KVPoll.Transferring, 1
+    host.claimed.add(9)
+    assert host.fail_room(9, "bad frame", (PEER.ip, PEER.port)) and mgr.request_status[9] == KVPoll.Failed
+    assert told() == [4, 1, 2] and 9 in host.held_tells and counters.get("prefill_failure_tells_held_total") == 5
+    mgr._staging_outstanding[9] -= 1
+    g.housekeeping()
+    assert told() == [4, 1, 2, 9] and mgr.told[-1][3] == "bad frame"
+    assert counters.get("prefill_failures_told_total") == 3  # counted as a failed room by the gate, not here

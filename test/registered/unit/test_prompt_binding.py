@@ -130,6 +130,9 @@ class Host:
     def prune(self):
         pass
 
+    def send_drained_tells(self):
+        return [], []
+
 
 @pytest.mark.parametrize("backend", ["mooncake", "nixl"])
 def test_the_gate_takes_the_frame_off_records_it_and_refuses_a_bad_one(backend):

@@ -58,6 +58,7 @@ class GateHost(Protocol):
     def fail_room(self, room: int, reason: str, notify: tuple[str, int] | None) -> bool: ...
     def drop_unclaimed(self, room: int, reason: str) -> bool: ...
     def prune(self) -> None: ...
+    def send_drained_tells(self) -> tuple[list[int], list[int]]: ...
 
 
 @dataclass
@@ -145,10 +146,16 @@ class HandshakeGate:
         return body
 
     def housekeeping(self) -> list[int]:
-        """Expire unclaimed rooms (the host tells their decodes; each is tombstoned for a late prefill half)
-        and emit the periodic summary; returns rooms dropped."""
+        """Expire unclaimed rooms (the host tells their decodes; each is tombstoned for a late prefill half),
+        send the failure statuses the host held while their rooms' writes were in flight, and emit the
+        periodic summary; returns rooms dropped."""
         dropped = []
         self.host.prune()
+        _told, given_up = self.host.send_drained_tells()  # the host counts what it sent
+        if given_up:
+            self._on_count("prefill_failure_tells_dropped_total", len(given_up))
+            logger.warning("sglang_pd: %d held failure status(es) dropped: the room's transfer never settled, so "
+                           "its decode is left to its own waiting timeout (e.g. room %s)", len(given_up), given_up[0])
         if self.unclaimed is not None:
             reason = self.unclaimed_reason
             dropped = self.unclaimed.sweep(self.host.room_claimed, lambda room: self.host.drop_unclaimed(room, reason))

@@ -3,12 +3,36 @@
 Holds no patching: the hook layer (srt/hooks/common_conn.py) builds one per guarded manager and hands it
 to the gate. Methods run on the rank socket's reading thread, `claimed` is also added to and removed
 from on the scheduler thread (set add / discard are atomic under the GIL; `prune` copies before iterating).
+
+A decode is never told that a room failed while a write into its pages may still land: it would free
+the pages, another request would get them, and the late write would overwrite that request's KV.
+`tell_failed` asks upstream's own predicate first (`_staging_outstanding[room] > 0`: a transfer worker
+has taken one of the room's chunks and its writes have not settled; the count upstream's deferred abort
+ACK waits on) and holds the message until the count drains (`send_drained_tells`, on the reading
+thread's housekeeping); a room whose writes never settle is never told (dropped after `held_ttl_s`,
+counted: decode's own waiting timeout ends it, as upstream would).
 """
 
 from __future__ import annotations
 
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Callable
+
 from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits, Side
 from sglang_pd.srt.disaggregation.handshake_gate import PeerRecord, registered_endpoint
+
+
+@dataclass
+class HeldTell:
+    """A Failed status for decode endpoints, waiting for the room's in-flight writes to settle."""
+
+    targets: list[tuple[str, int]]
+    reason: str
+    since: float
+    counter: str | None  # counted under this name when sent (None: the caller counted the failure already)
 
 
 class ManagerHost:
@@ -20,9 +44,84 @@ class ManagerHost:
     request from a foreign room, nor from a room whose request ended and a late transfer info re-created
     (hence the removal at clear: prune alone would keep that claim)."""
 
-    def __init__(self, mgr, limits: FrameLimits):
+    def __init__(self, mgr, limits: FrameLimits, held_ttl_s: float = 120.0, max_held: int = 4096,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_count: Callable[[str, int], None] = lambda name, n: None):
         self.mgr, self.limits = mgr, limits
         self.claimed: set[int] = set()
+        self.held_tells: dict[int, HeldTell] = {}  # room -> tell (scheduler thread adds, reading thread sends)
+        # room -> decode endpoints any thread of this manager already sent a Failed status (SGLang's workers
+        # tell decode of a failed transfer themselves): our tell at the clear skips them
+        self.told_failed: OrderedDict[int, set[tuple[str, int]]] = OrderedDict()
+        self.held_ttl_s, self.max_held, self._clock, self._on_count = held_ttl_s, max_held, clock, on_count
+        self._held_lock = threading.Lock()
+
+    def transfer_in_flight(self, room: int) -> bool:
+        """Whether a transfer worker holds one of `room`'s chunks whose writes have not settled (upstream's
+        count, kept whether or not staging is on; read-only)."""
+        return self.mgr._staging_outstanding.get(room, 0) > 0
+
+    def note_failed_sent(self, room: int, targets) -> None:
+        """A Failed status for `room` went to `targets` (any sender in this manager); kept until the room's
+        clear (`not_yet_told_failed` pops it), at most `max_held` rooms (the oldest forgotten first)."""
+        with self._held_lock:
+            self.told_failed.setdefault(room, set()).update((str(e), int(p)) for e, p in targets)
+            self.told_failed.move_to_end(room)
+            while len(self.told_failed) > self.max_held:
+                self.told_failed.popitem(last=False)
+
+    def not_yet_told_failed(self, room: int, targets: list[tuple[str, int]]) -> list[tuple[str, int]]:
+        """`targets` minus those already sent a Failed status for `room`; forgets the room's record (called
+        once, at its clear)."""
+        with self._held_lock:
+            told = self.told_failed.pop(room, set())
+        return [t for t in targets if t not in told]
+
+    def tell_failed(self, room: int, targets: list[tuple[str, int]], reason: str, counter: str | None = None) -> bool:
+        """Send decode `targets` a Failed status for `room` now (True), or hold it while a write into their
+        pages may still land (False, counted as held; sent by `send_drained_tells` once none can, then
+        counted under `counter`)."""
+        from sglang.srt.disaggregation.base.conn import KVPoll
+
+        with self._held_lock:
+            if self.transfer_in_flight(room):
+                if len(self.held_tells) >= self.max_held and room not in self.held_tells:
+                    self.held_tells.pop(next(iter(self.held_tells)))  # the oldest: its decode times out
+                    self._on_count("prefill_failure_tells_dropped_total", 1)
+                self.held_tells[room] = HeldTell(list(targets), reason, self._clock(), counter)
+                self._on_count("prefill_failure_tells_held_total", 1)
+                return False
+        self.mgr.send_kv_status_message(targets=targets, bootstrap_room=room, status=KVPoll.Failed,
+                                        failure_reason=reason)
+        return True
+
+    def send_drained_tells(self) -> tuple[list[int], list[int]]:
+        """Send every held tell whose room's writes settled (each counted under its `counter`); drop those
+        held past `held_ttl_s`. Returns (rooms told, rooms dropped)."""
+        from sglang.srt.disaggregation.base.conn import KVPoll
+
+        told, dropped, now = [], [], self._clock()
+        with self._held_lock:
+            for room, tell in list(self.held_tells.items()):
+                if not self.transfer_in_flight(room):
+                    told.append((room, self.held_tells.pop(room)))
+                elif now - tell.since > self.held_ttl_s:
+                    self.held_tells.pop(room)
+                    dropped.append(room)
+        for room, tell in told:
+            self.mgr.send_kv_status_message(targets=tell.targets, bootstrap_room=room, status=KVPoll.Failed,
+                                            failure_reason=tell.reason)
+            with self._held_lock:  # the room's clear came before: nothing else will forget this send
+                self.told_failed.pop(room, None)
+            if tell.counter is not None:
+                self._on_count(tell.counter, 1)
+        return [room for room, _ in told], dropped
+
+    def forget_held_tell(self, room: int) -> bool:
+        """A new request on `room`: its chunks would count in the same predicate, so the old tell is
+        dropped (its decode times out, as upstream's would). True if one was held."""
+        with self._held_lock:
+            return self.held_tells.pop(room, None) is not None
 
     def registered_peer(self, name: str) -> PeerRecord | None:
         """What peer `name` registered (endpoint, port, NIXL pool size), or None (read-only)."""
@@ -50,7 +149,9 @@ class ManagerHost:
         if claimed:
             self.mgr.record_failure(room, reason)
             self.mgr.update_status(room, KVPoll.Failed)
-        if notify is not None:
+        if notify is not None and self.limits.side is Side.PREFILL:  # a transfer may be writing to it
+            self.tell_failed(room, [notify], reason)
+        elif notify is not None:
             self.mgr.send_kv_status_message(targets=[notify], bootstrap_room=room, status=KVPoll.Failed,
                                             failure_reason=reason)
         return claimed
@@ -71,6 +172,8 @@ class ManagerHost:
         if targets:
             self.mgr.send_kv_status_message(targets=targets, bootstrap_room=room, status=KVPoll.Failed,
                                             failure_reason=reason)
+        with self._held_lock:  # no request's clear will come for this room to forget what was sent
+            self.told_failed.pop(room, None)
         return infos is not None
 
     def prune(self) -> None:

@@ -11,7 +11,8 @@ and NIXL managers (subclasses of CommonKVManager):
 - CommonKVSender.clear (AROUND): runs only while prefill's bootstrap thread is between two messages
   (guarded_socket.py; a clear inside its handling of a transfer info ended the thread; the transfer
   workers' own removals of a finished room from `transfer_infos` wait the same way, HeldRooms); a request that
-  failed after its decode's transfer info came has that decode told; then the room
+  failed after its decode's transfer info came has that decode told (once no write into its pages can
+  still land: manager_host.py); then the room
   is no longer bound to its prompt; a room whose request failed is remembered, so a decode transfer
   info that arrives after is refused and its decode told at once.
 - CommonKVSender._prepare_send_indices (AFTER): KV pages really handed to the transport, per room.
@@ -102,10 +103,10 @@ def with_dcp_place(limits: FrameLimits, mgr) -> FrameLimits:
 
 def _install(mgr, limits: FrameLimits, before) -> None:
     limits = with_dcp_place(limits, mgr)
-    host = ManagerHost(mgr, limits)
     prefill = limits.side is Side.PREFILL
     state = current()
     guard, ttl = state.peer_guard, state.peer_guard.room_ttl_s
+    host = ManagerHost(mgr, limits, held_ttl_s=ttl, on_count=state.counters.add)
     guard.tombstones = RoomTombstones(ttl) if prefill else None
     guard.failed_rooms = RoomTombstones(ttl) if prefill else None
     guard.digests = PromptDigests() if prefill else None
@@ -208,6 +209,8 @@ def after_sender_init(result, sender, mgr, bootstrap_addr, bootstrap_room, req_h
     tombstones, host = guard.tombstones, guard.host
     if host is not None:
         host.claimed.add(int(bootstrap_room))
+        if host.forget_held_tell(int(bootstrap_room)):  # the old request's decode is left to its timeout
+            current().counters.add("prefill_failure_tells_dropped_total")
     if guard.failed_rooms is not None:  # a new request on the room: later transfer infos are for it
         guard.failed_rooms.discard(int(bootstrap_room))
     reason = tombstones.take(int(bootstrap_room)) if tombstones is not None else None
@@ -223,9 +226,11 @@ def around_sender_clear(original, sender):
     """Prefill: SGLang clears the request's sender (upstream's end of a room's life here) only while the
     bootstrap thread is between two messages (guarded_socket.py: its handling of a transfer info for this
     room read `transfer_infos[room]` again after a clear popped it, and the thread died of the KeyError).
-    A request that failed here after its decode's transfer info came (e.g. an abort on prefill before its
-    forward) has its decode told now, with the reason (SGLang tells it only when a transfer fails: decode
-    held the pages and prefix lock until its waiting timeout); not for a room decode itself declined.
+    A request that failed here after its decode's transfer info came (an abort on prefill before its
+    forward, or during its transfer) has its decode told, with the reason (SGLang tells it only when a
+    transfer fails: decode held the pages and prefix lock until its waiting timeout); not for a room decode
+    itself declined; and only once no write into decode's pages can still land (ManagerHost.tell_failed:
+    during a transfer the message waits for the worker's writes to settle).
     Then the room is no longer bound to its prompt (prompt_binding.py) nor claimed; if the request failed
     (bootstrap timeout, abort, a failed transfer) the room is remembered with the reason SGLang recorded,
     for the gate to refuse a decode transfer info that arrives after (SGLang would re-create the room)."""
@@ -256,13 +261,29 @@ def _decodes_waiting(sender) -> list[tuple[str, int]]:
 def _tell_decodes_of_failure(sender, targets: list[tuple[str, int]]) -> None:
     from sglang.srt.disaggregation.base.conn import KVPoll
 
-    if not targets or getattr(sender, "conclude_state", None) != KVPoll.Failed:
+    host = current().peer_guard.host
+    if sender.bootstrap_room is None or host is None:
         return
     room = int(sender.bootstrap_room)
+    targets = host.not_yet_told_failed(room, targets)  # e.g. a failed transfer: SGLang's worker told them
+    if not targets or getattr(sender, "conclude_state", None) != KVPoll.Failed:
+        return
     why = sender.kv_mgr.failure_records.get(room) or "failed (no reason recorded)"
-    sender.kv_mgr.send_kv_status_message(targets=targets, bootstrap_room=room, status=KVPoll.Failed,
-                                         failure_reason=f"prefill's request failed: {why}")
-    current().counters.add("prefill_failures_told_total")
+    # while a transfer worker may still write into decode's pages: held, told once they settle (counted then)
+    if host.tell_failed(room, targets, f"prefill's request failed: {why}", counter="prefill_failures_told_total"):
+        current().counters.add("prefill_failures_told_total")
+
+
+def after_send_kv_status_message(result, mgr, *, targets, bootstrap_room, status, failure_reason=None):
+    """Prefill: remember which decode endpoints were sent a Failed status for a room (SGLang's transfer
+    workers tell decode of a failed transfer), so the clear's tell does not send it twice."""
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    host = current().peer_guard.host
+    if (host is not None and host.limits.side is Side.PREFILL and getattr(host, "mgr", None) is mgr
+            and status == KVPoll.Failed and targets):
+        host.note_failed_sent(int(bootstrap_room), targets)
+    return result
 
 
 def _count_turn(turn: Between, sender, wait_s: float) -> None:

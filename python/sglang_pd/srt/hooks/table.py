@@ -262,6 +262,10 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         f"{_CONN}.CommonKVManager._send_multipart_locked", "BEFORE", common_conn.before_send_multipart_locked,
         ProcessKind.SCHEDULER, "sign what prefill sends decode (status, ABORT_ACK, AUX_DATA) when a secret is set"),
     HookSpec(
+        f"{_CONN}.CommonKVManager.send_kv_status_message", "AFTER", common_conn.after_send_kv_status_message,
+        ProcessKind.SCHEDULER, "prefill: remember which decodes were already sent a room's Failed status (a "
+        "failed transfer's own), so the clear's tell of a failed request does not repeat it"),
+    HookSpec(
         f"{_DISAGG}.mooncake.conn.MooncakeKVManager.build_receiver_metadata_message", "AFTER",
         common_conn.after_build_receiver_metadata_message, ProcessKind.SCHEDULER,
         "decode: a transfer info ends with its request's prompt digest (prefill serves the room only for that "
