@@ -454,11 +454,24 @@ def test_a_failure_tell_waits_until_no_write_into_the_decodes_pages_can_land():
     common_conn.around_sender_clear(mgr.clear, SimpleNamespace(bootstrap_room=6, conclude_state=KVPoll.Failed,
                                                                kv_mgr=mgr))
     assert told() == [4, 1, 2] and host.told_failed == {} and counters.get("prefill_failures_told_total") == 3
+    # held at the clear, then SGLang's worker, settling the room's transfer, tells decode of its failure
+    # itself (noted by the AFTER hook after the clear): the held tell is not sent as well
+    mgr.request_status[10], mgr.transfer_infos[10], mgr.failure_records[10] = KVPoll.Failed, {PEER.name: decode}, "y"
+    mgr._staging_outstanding[10] = 1
+    common_conn.around_sender_clear(mgr.clear, SimpleNamespace(bootstrap_room=10, conclude_state=KVPoll.Failed,
+                                                               kv_mgr=mgr))
+    assert 10 in host.held_tells and told() == [4, 1, 2]
+    common_conn.after_send_kv_status_message(None, mgr, targets=[(PEER.ip, PEER.port)], bootstrap_room=10,
+                                             status=KVPoll.Failed, failure_reason="NIXL transfer encountered ERR")
+    mgr._staging_outstanding[10] -= 1
+    g.housekeeping()
+    assert told() == [4, 1, 2] and host.held_tells == {} and host.told_failed == {}
+    assert counters.get("prefill_failures_told_total") == 3
     # the gate failing a room in transfer (a rejected message naming it) tells the registered decode the same way
     mgr.request_status[9], mgr._staging_outstanding[9] = KVPoll.Transferring, 1
     host.claimed.add(9)
     assert host.fail_room(9, "bad frame", (PEER.ip, PEER.port)) and mgr.request_status[9] == KVPoll.Failed
-    assert told() == [4, 1, 2] and 9 in host.held_tells and counters.get("prefill_failure_tells_held_total") == 5
+    assert told() == [4, 1, 2] and 9 in host.held_tells and counters.get("prefill_failure_tells_held_total") == 6
     mgr._staging_outstanding[9] -= 1
     g.housekeeping()
     assert told() == [4, 1, 2, 9] and mgr.told[-1][3] == "bad frame"

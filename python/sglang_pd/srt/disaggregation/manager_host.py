@@ -96,26 +96,33 @@ class ManagerHost:
         return True
 
     def send_drained_tells(self) -> tuple[list[int], list[int]]:
-        """Send every held tell whose room's writes settled (each counted under its `counter`); drop those
-        held past `held_ttl_s`. Returns (rooms told, rooms dropped)."""
+        """Send every held tell whose room's writes settled (each counted under its `counter`), except to a
+        decode SGLang's worker told meanwhile; drop those held past `held_ttl_s`. Returns (rooms told,
+        rooms dropped)."""
         from sglang.srt.disaggregation.base.conn import KVPoll
 
-        told, dropped, now = [], [], self._clock()
+        drained, dropped, now = [], [], self._clock()
         with self._held_lock:
             for room, tell in list(self.held_tells.items()):
                 if not self.transfer_in_flight(room):
-                    told.append((room, self.held_tells.pop(room)))
+                    self.held_tells.pop(room)
+                    # the worker that held the room may have told decode itself while settling (a failed
+                    # transfer's own status, noted after the clear): not twice
+                    already = self.told_failed.pop(room, set())
+                    targets = [t for t in tell.targets if t not in already]
+                    if targets:
+                        drained.append((room, targets, tell))
                 elif now - tell.since > self.held_ttl_s:
                     self.held_tells.pop(room)
                     dropped.append(room)
-        for room, tell in told:
-            self.mgr.send_kv_status_message(targets=tell.targets, bootstrap_room=room, status=KVPoll.Failed,
+        for room, targets, tell in drained:
+            self.mgr.send_kv_status_message(targets=targets, bootstrap_room=room, status=KVPoll.Failed,
                                             failure_reason=tell.reason)
             with self._held_lock:  # the room's clear came before: nothing else will forget this send
                 self.told_failed.pop(room, None)
             if tell.counter is not None:
                 self._on_count(tell.counter, 1)
-        return [room for room, _ in told], dropped
+        return [room for room, _, _ in drained], dropped
 
     def forget_held_tell(self, room: int) -> bool:
         """A new request on `room`: its chunks would count in the same predicate, so the old tell is
