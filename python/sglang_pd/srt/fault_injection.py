@@ -29,6 +29,7 @@ class Fault(str, enum.Enum):
     PREFILL_WORKER_ERROR = "prefill_worker_error"    # prefill: the mooncake transfer worker raises on the room
     RANK_READER_EXIT = "rank_reader_exit"   # the rank socket's reading thread raises on its next message
     PREFILL_BOOTSTRAP_HOLD = "prefill_bootstrap_hold"  # prefill: a bootstrapped room waits 10 s before its forward
+    PREFILL_SEND_DELAY = "prefill_send_delay"  # prefill: the mooncake send of the room's KV starts 5 s late
 
 
 class FaultPlan:

@@ -142,6 +142,75 @@ class TestMooncakeTcp(CorrectnessSuite):
         return request.getfixturevalue(f"pd_page{request.param}")
 
 
+def test_a_prefill_half_aborted_while_its_mooncake_write_is_under_way_tells_decode_after_it(pd_page16: PDDeployment,
+                                                                                           plain_url: str):
+    """Mooncake: prefill's worker has taken the room's chunk and its send starts late (test fault, 5 s), so
+    the write into decode's pages is still to land when prefill aborts the request and SGLang clears the
+    sender. Decode is not told then (it would free the pages the write lands in): it still waits, locked,
+    1.5 s later; it is told once the write is done, and releases once."""
+    dep = pd_page16
+    fired = lambda state: state["faults"]["fired"].get("prefill_send_delay", 0)  # noqa: E731
+    aborted = abort_prefill_half_mid_transfer(
+        dep, random.Random(35), 40, "prefill_send_delay_room",
+        lambda room, before: fired(dep.scheduler_state(dep.prefill)) == fired(before) + 1)  # its send under way
+    aborted["decode_half"]["thread"].join(60)
+    assert "resp" in aborted["decode_half"] and aborted["decode_half"]["resp"].status_code >= 400, aborted
+    assert_told_once_and_serving(dep, plain_url, aborted)
+
+
+def abort_prefill_half_mid_transfer(dep: PDDeployment, rng: random.Random, suffix_len: int, fault_key: str,
+                                    in_flight) -> dict:
+    """Prime a prefix on decode, send both halves of a request extending it with `fault_key` armed for its
+    room, wait until `in_flight(room, before)` (the state under test: the room's write in flight on prefill)
+    with decode's lock held, abort the prefill half, and check that 1.5 s later decode still waits, locked,
+    its tell held on prefill. Returns what the caller's further checks need."""
+    from lock_checks import assert_lock_held, in_background, wait_for_plan, wait_until
+
+    primed = _tokens(rng, 32)
+    dep.generate_pd(primed, NEW_TOKENS)  # decode holds this prefix: the victim locks it
+    prompt = primed + _tokens(rng, suffix_len)
+    pairing = dep.pairing()
+    room = pairing["bootstrap_room"]
+    rid = f"aborted-mid-transfer-{room}"
+    before = dep.scheduler_state(dep.prefill)
+    dep.arm_faults(dep.prefill, **{fault_key: room})
+    halves = [in_background(dep.post_generate, url, prompt, NEW_TOKENS, 120, dep.headers, rid=rid, **pairing)
+              for url in (dep.prefill.url, dep.decodes[0].url)]
+    plan = wait_for_plan(dep, rid)
+    wait_until(lambda: in_flight(room, before), "the room's write in flight on prefill", 30, 0.05)
+    assert_lock_held(dep, rid)
+    dep.abort(dep.prefill, rid)
+    halves[0]["thread"].join(30)  # answered after SGLang failed and cleared its sender
+    assert "resp" in halves[0] and halves[0]["resp"].status_code >= 400, halves[0]
+    time.sleep(1.5)  # housekeeping ran at least once meanwhile (1 s): the write still in flight, so...
+    assert halves[1]["thread"].is_alive(), halves[1]  # ...decode not told: it still waits, locked
+    assert_lock_held(dep, rid)
+    held = dep.scheduler_state(dep.prefill)
+    assert _counter(held, "prefill_failure_tells_held_total") == _counter(before, "prefill_failure_tells_held_total") + 1
+    return {"decode_half": halves[1], "before": before, "held": held, "plan": plan, "rid": rid, "prompt": prompt}
+
+
+def assert_told_once_and_serving(dep: PDDeployment, plain_url: str, aborted: dict) -> None:
+    """After decode answered: prefill counted one tell, the lock was released once, the pair serves on."""
+    from lock_checks import assert_released_once
+
+    before, after = aborted["before"], dep.scheduler_state(dep.prefill)
+    tells = {k: (_counter(before, k), _counter(after, k)) for k in ("prefill_failures_told_total",
+             "prefill_failure_tells_held_total", "prefill_failure_tells_dropped_total")}
+    assert _counter(after, "prefill_failures_told_total") == _counter(before, "prefill_failures_told_total") + 1, tells
+    assert _counter(after, "prefill_failure_tells_dropped_total") == \
+        _counter(before, "prefill_failure_tells_dropped_total"), tells
+    assert_released_once(dep.wait_clean(), aborted["rid"], aborted["plan"]["decode_prefix_len"])
+    prompt = aborted["prompt"]
+    assert dep.generate_pd(prompt, NEW_TOKENS)[1]["output_ids"] == \
+        dep.generate(plain_url, prompt, NEW_TOKENS)["output_ids"]  # the pair serves on
+    dep.wait_clean()
+
+
+def _counter(state: dict, name: str) -> float:
+    return state["counters"].get(name, 0)
+
+
 class TestNixlHostMemory(CorrectnessSuite):
     @pytest.fixture
     def dep(self, pd_nixl) -> PDDeployment:
@@ -161,55 +230,22 @@ class TestNixlHostMemory(CorrectnessSuite):
         land in. The tell is held (counted) while the transfer is in flight; decode keeps waiting, its lock
         held, until the stall bound cancels the transfer; then it is told, with the abort's reason, and
         releases once."""
-        import time
-
         from conftest import NIXL_STALL_S
-        from lock_checks import assert_lock_held, assert_released_once, in_background, wait_for_plan, wait_until
 
-        rng = random.Random(34)
-        primed = _tokens(rng, 32)
-        dep.generate_pd(primed, NEW_TOKENS)  # decode holds this prefix: the victim locks it
-        prompt = primed + _tokens(rng, 8)
-        pairing = dep.pairing()
-        room, rid = pairing["bootstrap_room"], f"aborted-in-flight-{pairing['bootstrap_room']}"
-        before = dep.scheduler_state(dep.prefill)
-        counter = lambda state, name: state["counters"].get(name, 0)  # noqa: E731
-        dep.arm_faults(dep.prefill, nixl_stall_room=room)
-        prefill_half = in_background(dep.post_generate, dep.prefill.url, prompt, NEW_TOKENS, 120, dep.headers,
-                                     rid=rid, **pairing)
-        decode_half = in_background(dep.post_generate, dep.decodes[0].url, prompt, NEW_TOKENS, 120, dep.headers,
-                                    rid=rid, **pairing)
-        plan = wait_for_plan(dep, rid)
-        # the state under test: the room's transfer in flight on prefill (KVPoll.Transferring), decode locked
-        wait_until(lambda: room in dep.scheduler_state(dep.prefill)["handshake"]["rooms"]["by_status"].get("3", []),
-                   "the room's transfer in flight on prefill", 30, 0.05)
-        assert_lock_held(dep, rid)
-        dep.abort(dep.prefill, rid)
-        prefill_half["thread"].join(30)  # answered after SGLang failed and cleared its sender
-        assert "resp" in prefill_half and prefill_half["resp"].status_code >= 400, prefill_half
-        time.sleep(1.5)  # housekeeping ran at least once meanwhile (1 s): the transfer still in flight, so...
-        assert decode_half["thread"].is_alive(), decode_half  # ...decode not told: it still waits, locked
-        assert_lock_held(dep, rid)
-        waiting = dep.scheduler_state(dep.prefill)
-        assert waiting["prefill_transfer"]["num_nixl_stalls"] == before["prefill_transfer"]["num_nixl_stalls"]
-        assert counter(waiting, "prefill_failure_tells_held_total") == \
-            counter(before, "prefill_failure_tells_held_total") + 1  # held at the clear, not sent
+        stalls = lambda state: state["prefill_transfer"]["num_nixl_stalls"]  # noqa: E731
+        in_transfer = lambda room, before: room in dep.scheduler_state(dep.prefill)["handshake"]["rooms"][  # noqa: E731
+            "by_status"].get("3", [])  # KVPoll.Transferring
+        aborted = abort_prefill_half_mid_transfer(dep, random.Random(34), 8, "nixl_stall_room", in_transfer)
+        assert stalls(aborted["held"]) == stalls(aborted["before"])  # the stall not cancelled yet
+        decode_half = aborted["decode_half"]
         decode_half["thread"].join(NIXL_STALL_S + 30)
         told_at = dep.scheduler_state(dep.prefill)
         assert "resp" in decode_half, decode_half
         resp = decode_half["resp"]
         assert resp.status_code >= 400 and "prefill's request failed: Aborted by AbortReq." in resp.text, resp.text
-        assert told_at["prefill_transfer"]["num_nixl_stalls"] == before["prefill_transfer"]["num_nixl_stalls"] + 1
-        assert counter(told_at, "nixl_uncancellable_stalls_total") == 0  # cancelled: nothing writes any more
-        tells = {k: (counter(before, k), counter(told_at, k)) for k in ("prefill_failures_told_total",
-                 "prefill_failure_tells_held_total", "prefill_failure_tells_dropped_total", "prefill_sender_clears_total")}
-        assert counter(told_at, "prefill_failures_told_total") == counter(before, "prefill_failures_told_total") + 1, tells
-        assert counter(told_at, "prefill_failure_tells_dropped_total") == \
-            counter(before, "prefill_failure_tells_dropped_total")
-        assert_released_once(dep.wait_clean(), rid, plan["decode_prefix_len"])
-        assert dep.generate_pd(prompt, NEW_TOKENS)[1]["output_ids"] == \
-            dep.generate(plain_url, prompt, NEW_TOKENS)["output_ids"]  # the pair serves on
-        dep.wait_clean()
+        assert stalls(told_at) == stalls(aborted["before"]) + 1  # told after the stall was cancelled
+        assert _counter(told_at, "nixl_uncancellable_stalls_total") == 0  # cancelled: nothing writes any more
+        assert_told_once_and_serving(dep, plain_url, aborted)
 
 
 def assert_stall_cancelled_and_decode_told(dep: PDDeployment, plain_url: str, stall_s: float) -> None:

@@ -1,5 +1,5 @@
 """What each prefill transfer-worker thread is doing: its room, a bound on stalled NIXL transfers,
-and the injected send failure and worker error of the tests (logic).
+and the injected send failure, send delay and worker error of the tests (logic).
 
 Upstream's transfer workers (both backends) take one chunk at a time from a queue; the hook on that
 queue (srt/hooks/common_utils.py) tells `TransferWatch` which room the thread now serves, so pages
@@ -26,6 +26,7 @@ from sglang_pd.srt.fault_injection import Fault, FaultPlan
 logger = logging.getLogger(__name__)
 
 _FINISHED = ("DONE", "ERR")
+SEND_DELAY_S = 5.0  # test fault PREFILL_SEND_DELAY: how late the room's send starts
 
 
 class TransferWatch:
@@ -55,6 +56,12 @@ class TransferWatch:
         fails = getattr(self._worker, "send_fails", False)
         self._worker.send_fails = False
         return fails
+
+    def take_send_delay(self) -> float:
+        """Seconds this thread's next send waits first (test fault PREFILL_SEND_DELAY, taken where the send
+        starts: the chunk is already the worker's, so the room's write is in flight while it waits)."""
+        room = self.room()
+        return SEND_DELAY_S if room is not None and self.faults.take(Fault.PREFILL_SEND_DELAY, room) else 0.0
 
     def take_worker_error(self) -> bool:
         """True once if this thread's room was armed to make the worker raise (test fault; mutates).

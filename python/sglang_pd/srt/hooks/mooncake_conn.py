@@ -1,8 +1,10 @@
 """Hooks on SGLang's `MooncakeKVManager` (disaggregation/mooncake/conn.py): room declines consumed
 first, batches kept under the TCP transport's queue limit, transfer workers at a lower CPU priority that
-outlive an exception on one room, the prefill-side send-failure and worker-error test faults."""
+outlive an exception on one room, the prefill-side send-failure, send-delay and worker-error test faults."""
 
 from __future__ import annotations
+
+import time
 
 from sglang_pd.srt.disaggregation.transfer_batches import descriptor_batches
 from sglang_pd.srt.disaggregation.transfer_worker_guard import ChunkTap, record, recover_room
@@ -21,8 +23,12 @@ def around_send_kvcache(original, mgr, mooncake_session_id, prefill_kv_indices, 
                         dst_attn_tp_size=None):
     """Send as upstream does. Test faults: report the failure code a failed transfer returns, so
     upstream's own prefill failure path runs (room failed, decode told, session probed); or raise, as
-    a bug in the worker would, for the worker guard (around_transfer_worker)."""
+    a bug in the worker would, for the worker guard (around_transfer_worker); or start the send late,
+    so the room's write is still to land when the test aborts it."""
     watch = current().transfer_watch
+    delay = watch.take_send_delay()
+    if delay:
+        time.sleep(delay)
     if watch.take_send_failure():
         return -1
     if watch.take_worker_error():

@@ -135,7 +135,7 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         f"{_DISAGG}.mooncake.conn.MooncakeKVManager.send_kvcache", "AROUND", mooncake_conn.around_send_kvcache,
         ProcessKind.SCHEDULER, "tests only: an armed prefill_transfer_fail reports the room's send failed "
         "(upstream's own prefill-side transport failure path), an armed prefill_worker_error raises in the "
-        "transfer worker; otherwise passes through"),
+        "transfer worker, an armed prefill_send_delay starts the room's send 5 s late; otherwise passes through"),
     HookSpec(
         f"{_DISAGG}.nixl.conn.NixlKVManager._await_handles", "AROUND", nixl_conn.around_await_handles,
         ProcessKind.SCHEDULER, "arm a stall deadline: upstream waits forever on a transfer that never ends"),
