@@ -53,14 +53,6 @@ class HttpGuardCounts:
         if first:
             logger.warning("%s (peer %s; further refusals from this peer are counted, not logged)", line, peer)
 
-    def transfer_infos_held(self) -> bool:
-        """Whether SGLang's manager holds its transfer infos in our HeldRooms now (read from the live manager:
-        a manager that replaced the table since start-up shows False)."""
-        from sglang_pd.srt.disaggregation.guarded_socket import HeldRooms
-
-        mgr = getattr(self.host, "mgr", None)
-        return isinstance(getattr(mgr, "transfer_infos", None), HeldRooms)
-
     def snapshot(self) -> dict:
         """Read-only copy."""
         with self.lock:
