@@ -30,6 +30,7 @@ class Fault(str, enum.Enum):
     RANK_READER_EXIT = "rank_reader_exit"   # the rank socket's reading thread raises on its next message
     PREFILL_BOOTSTRAP_HOLD = "prefill_bootstrap_hold"  # prefill: a bootstrapped room waits 10 s before its forward
     PREFILL_SEND_DELAY = "prefill_send_delay"  # prefill: the mooncake send of the room's KV starts 5 s late
+    PREFILL_WAITING_HOLD = "prefill_waiting_hold"  # prefill: a bootstrapped room waits 10 s in the waiting queue
 
 
 class FaultPlan:
@@ -41,6 +42,7 @@ class FaultPlan:
         self.rooms: dict[int, set[Fault]] = {}
         self.fired: dict[Fault, int] = {}
         self.hold_until: dict[int, float] = {}  # PREFILL_BOOTSTRAP_HOLD: room -> monotonic time it is let go
+        self.waiting_hold_until: dict[int, float] = {}  # PREFILL_WAITING_HOLD: room -> time it is let go
 
     def arm(self, fault: Fault, count: int) -> None:
         """Fire `fault` for the next `count` requests (count 0 disarms)."""

@@ -148,25 +148,39 @@ def test_a_prefill_half_aborted_after_its_decode_half_registered_tells_decode_at
     come held its pages and prefix lock until its waiting timeout (without the tell: still waiting at the
     client's 150 s). A test fault keeps the request in prefill's bootstrap queue, bootstrapped and uncomputed
     (SGLang's own "not yet" answer), while prefill aborts it; decode is told at once, with the reason."""
-    dep = pd_ttl
-    primed = _prompt(9, 48)
+    _abort_a_held_prefill_half(pd_ttl, 9, "prefill_bootstrap_hold", "prefill_failures_told_total")
+
+
+def test_a_prefill_half_aborted_in_prefills_waiting_queue_tells_decode_at_once(pd_ttl: PDDeployment):
+    """SGLang's abort of a request in prefill's waiting queue (bootstrapped, queued for its forward) drops it
+    without clearing its sender: decode untold, the room's tables kept. A test fault keeps the request in the
+    waiting queue (out of the batches SGLang picks) while prefill aborts it; our hook clears the sender
+    (counted) and decode is told at once."""
+    _abort_a_held_prefill_half(pd_ttl, 11, "prefill_waiting_hold", "prefill_waiting_aborts_cleared_total")
+
+
+def _abort_a_held_prefill_half(dep: PDDeployment, seed: int, fault: str, path_counter: str) -> None:
+    """Hold a request on prefill with `fault` (bootstrapped, uncomputed), abort its prefill half, and check
+    that decode is told at once (lock held before, released once after) and that `path_counter` moved."""
+    primed = _prompt(seed, 48)
     dep.generate_pd(primed, 8)  # decode holds this prefix: the victim matches and locks it
-    prompt = primed + _prompt(10, 9)
+    prompt = primed + _prompt(seed + 1, 9)
     rid = f"prefill-aborted-{uuid.uuid4().hex[:8]}"
     pairing = dep.pairing()
     room = pairing["bootstrap_room"]
-    dep.arm_faults(dep.prefill, prefill_bootstrap_hold_room=room)
-    told0 = _count(dep.scheduler_state(dep.prefill)["counters"], "prefill_failures_told_total")
+    before = dep.scheduler_state(dep.prefill)
+    dep.arm_faults(dep.prefill, **{f"{fault}_room": room})
     prefill_half = in_background(dep.post_generate, dep.prefill.url, prompt, 8, 120, rid=rid, **pairing)
     decode_half = in_background(dep.post_generate, dep.decodes[0].url, prompt, 8, WAITING_TIMEOUT_S / 2, rid=rid,
                                 **pairing)
     plan = wait_for_plan(dep, rid)
     assert plan["decode_prefix_len"] >= 48
-    # the state under test: decode's transfer info held on prefill, the request bootstrapped, not computed
-    rooms = wait_until(lambda: (lambda v: v if room in v["transfer_info_rooms"] else None)(
-        dep.scheduler_state(dep.prefill)["handshake"]["rooms"]), "the victim's transfer info on prefill", 60, 0.05)
-    assert room in rooms["by_status"].get("2", []), rooms  # KVPoll.WaitingForInput
-    assert dep.scheduler_state(dep.prefill)["faults"]["fired"].get("prefill_bootstrap_hold") >= 1
+    # the state under test: decode's transfer info held on prefill, the request bootstrapped, held by the
+    # fault where it is meant to be (it fires only there), not computed
+    wait_until(lambda: dep.scheduler_state(dep.prefill)["faults"]["fired"].get(fault, 0)
+               == before["faults"]["fired"].get(fault, 0) + 1, f"{fault} holding the victim", 60, 0.05)
+    rooms = dep.scheduler_state(dep.prefill)["handshake"]["rooms"]
+    assert room in rooms["transfer_info_rooms"] and room in rooms["by_status"].get("2", []), rooms  # WaitingForInput
     assert_lock_held(dep, rid)
     start = time.monotonic()
     dep.abort(dep.prefill, rid)
@@ -182,7 +196,8 @@ def test_a_prefill_half_aborted_after_its_decode_half_registered_tells_decode_at
         assert "Failed to get kvcache from prefill" in resp.text, resp.text  # SGLang's text for a prefill failure
     assert elapsed < 8, elapsed  # at once: before the fault would have let the request go (10 s)
     after = dep.scheduler_state(dep.prefill)["counters"]
-    assert _count(after, "prefill_failures_told_total") == told0 + 1
+    assert _count(after, "prefill_failures_told_total") == _count(before["counters"], "prefill_failures_told_total") + 1
+    assert _count(after, path_counter) == _count(before["counters"], path_counter) + 1
     assert_released_once(dep.wait_clean(), rid, plan["decode_prefix_len"])
     assert dep.generate_pd(prompt, 8)[1]["meta_info"]["decode_prefix_len"] >= 48  # the pair serves on
     dep.wait_clean()

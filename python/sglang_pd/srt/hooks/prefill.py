@@ -4,6 +4,7 @@
     PrefillBootstrapQueue.add                  -> a room a decline already waits for fails at once
     ...PrefillMixin.handle_bootstrap_failure   -> a declined room is answered as decode asked (not a failure)
     ...PrefillMixin.release_aborted_prefill_waiting_req -> the aborted request's sender is cleared (decode told)
+    ...PrefillMixin.get_next_disagg_prefill_batch_to_run -> tests only: a room held in the waiting queue
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def around_finalize_bootstrap(original, queue, req):
     return finished
 
 
-_FAULT_HOLD_S = 10.0  # Fault.PREFILL_BOOTSTRAP_HOLD: how long a targeted room waits, bootstrapped
+_FAULT_HOLD_S = 10.0  # Fault.PREFILL_BOOTSTRAP_HOLD / PREFILL_WAITING_HOLD: how long a targeted room waits, bootstrapped
 
 
 def _held_by_fault(state, queue, req, room: int) -> bool:
@@ -72,6 +73,41 @@ def _held_by_fault(state, queue, req, room: int) -> bool:
         return True
     holds.pop(room)
     return False
+
+
+def around_next_prefill_batch(original, scheduler, running_batch, last_batch, should_retry_storage_prefetch=True):
+    """Test-only (SGLANG_PD_ENABLE_FAULT_INJECTION): a request whose room PREFILL_WAITING_HOLD targets stays in
+    prefill's waiting queue, bootstrapped and uncomputed, for _FAULT_HOLD_S: SGLang picks the batch while it
+    is out of the queue, and it goes back in front after (an abort still finds it there)."""
+    state = current()
+    held = _waiting_held_by_fault(state, scheduler.waiting_queue) if state.faults.enabled else []
+    if not held:
+        return original(scheduler, running_batch, last_batch, should_retry_storage_prefetch)
+    for req in held:
+        scheduler.waiting_queue.remove(req)
+    try:
+        return original(scheduler, running_batch, last_batch, should_retry_storage_prefetch)
+    finally:
+        scheduler.waiting_queue[0:0] = held
+
+
+def _waiting_held_by_fault(state, waiting_queue) -> list:
+    """The waiting requests PREFILL_WAITING_HOLD keeps out of the next batch (armed per room, once)."""
+    faults, now, held = state.faults, time.monotonic(), []
+    for req in list(waiting_queue):
+        room = getattr(req, "bootstrap_room", None)
+        if room is None:
+            continue
+        room = int(room)
+        if room not in faults.waiting_hold_until:
+            if not faults.take(Fault.PREFILL_WAITING_HOLD, room):
+                continue
+            faults.waiting_hold_until[room] = now + _FAULT_HOLD_S
+        if now < faults.waiting_hold_until[room]:
+            held.append(req)
+        else:
+            faults.waiting_hold_until.pop(room)
+    return held
 
 
 def after_add(result, queue, req, num_kv_heads):

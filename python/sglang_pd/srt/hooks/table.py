@@ -247,6 +247,11 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         "prefill: a request aborted in the waiting queue (bootstrapped, not yet computed) has its sender cleared, "
         "which tells its decode (0.5.23 only marks the room Failed: decode waited for its waiting timeout, and "
         "the room's tables stayed)"),
+    HookSpec(
+        f"{_DISAGG}.prefill.SchedulerDisaggregationPrefillMixin.get_next_disagg_prefill_batch_to_run", "AROUND",
+        prefill.around_next_prefill_batch, ProcessKind.SCHEDULER,
+        "tests only: an armed prefill_waiting_hold keeps its room's request out of prefill's next batches for "
+        "10 s (it stays in the waiting queue, where an abort finds it); otherwise passes through"),
     # ---- hostile peers (issue 16; handshake_gate.py, peer_auth.py, bootstrap_guard.py, thread_watch.py) ----
     HookSpec(
         f"{_CONN}.CommonKVManager.__init__", "AROUND", common_conn.around_manager_init, ProcessKind.SCHEDULER,
