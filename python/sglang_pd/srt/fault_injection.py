@@ -9,6 +9,7 @@ fires for the next N requests that reach its injection point, then disarms; `<fa
 from __future__ import annotations
 
 import enum
+import time
 
 from sglang_pd.config import ENABLE_FAULT_INJECTION
 
@@ -41,8 +42,7 @@ class FaultPlan:
         self.armed: dict[Fault, int] = {}
         self.rooms: dict[int, set[Fault]] = {}
         self.fired: dict[Fault, int] = {}
-        self.hold_until: dict[int, float] = {}  # PREFILL_BOOTSTRAP_HOLD: room -> monotonic time it is let go
-        self.waiting_hold_until: dict[int, float] = {}  # PREFILL_WAITING_HOLD: room -> time it is let go
+        self.hold_until: dict[Fault, dict[int, float]] = {}  # a holding fault -> room -> monotonic time let go
 
     def arm(self, fault: Fault, count: int) -> None:
         """Fire `fault` for the next `count` requests (count 0 disarms)."""
@@ -67,6 +67,19 @@ class FaultPlan:
             return False
         self.fired[fault] = self.fired.get(fault, 0) + 1
         return True
+
+    def holding(self, fault: Fault, room: int, seconds: float, may_start: bool = True) -> bool:
+        """Whether `room` is held by the holding `fault` now: the first call that finds it armed for the room
+        (and `may_start`) takes it and starts a hold of `seconds`; once over, the hold is forgotten."""
+        holds = self.hold_until.setdefault(fault, {})
+        if room not in holds:
+            if not may_start or not self.take(fault, room):
+                return False
+            holds[room] = time.monotonic() + seconds
+        if time.monotonic() < holds[room]:
+            return True
+        holds.pop(room)
+        return False
 
     def arm_from_keys(self, server_args: dict) -> dict:
         """Arm every `sglang_pd_fault_<name>` key; return the remaining (SGLang's own) keys.

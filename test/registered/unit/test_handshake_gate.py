@@ -273,7 +273,12 @@ class Manager:
         self.told: list[tuple] = []
 
     def send_kv_status_message(self, targets, bootstrap_room, status, failure_reason=None):
+        from sglang_pd.srt.hooks import common_conn
+
         self.told.append((tuple(targets), bootstrap_room, status, failure_reason))
+        # what the hook table's AFTER row does in a server (a no-op until a ManagerHost is installed)
+        common_conn.after_send_kv_status_message(None, self, targets=targets, bootstrap_room=bootstrap_room,
+                                                 status=status, failure_reason=failure_reason)
 
     def record_failure(self, room, reason):
         self.failure_records[room] = reason
@@ -423,6 +428,7 @@ def test_a_failure_tell_waits_until_no_write_into_the_decodes_pages_can_land():
         common_conn.around_sender_clear(mgr.clear, sender)
     told = lambda: [t[1] for t in mgr.told]  # noqa: E731
     assert told() == [4]  # nothing in flight: at once
+    assert host.told_failed == {}  # sent after room 4's clear: its note forgotten, not kept until evicted
     assert sorted(host.held_tells) == [1, 2, 3] and counters.get("prefill_failure_tells_held_total") == 3
     g.housekeeping()
     assert told() == [4]  # still writing: still held

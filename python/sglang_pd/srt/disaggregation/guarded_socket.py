@@ -169,24 +169,26 @@ class HeldRooms(dict):
         super().__init__(rooms)
         self._sock, self._on_turn = sock, on_turn
 
-    def pop(self, room, *default):
+    @contextlib.contextmanager
+    def _removal(self, room) -> Iterator[None]:
         with self._sock.between_messages() as turn:
             self._on_turn(turn, room)
+            yield
+
+    def pop(self, room, *default):
+        with self._removal(room):
             return super().pop(room, *default)
 
     def __delitem__(self, room) -> None:
-        with self._sock.between_messages() as turn:
-            self._on_turn(turn, room)
+        with self._removal(room):
             super().__delitem__(room)
 
     def popitem(self):
-        with self._sock.between_messages() as turn:
-            self._on_turn(turn, None)
+        with self._removal(None):
             return super().popitem()
 
     def clear(self) -> None:
-        with self._sock.between_messages() as turn:
-            self._on_turn(turn, None)
+        with self._removal(None):
             super().clear()
 
 

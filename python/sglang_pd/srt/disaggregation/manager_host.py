@@ -77,6 +77,11 @@ class ManagerHost:
             told = self.told_failed.pop(room, set())
         return [t for t in targets if t not in told]
 
+    def forget_told(self, room: int) -> None:
+        """Forget what was sent `room` (no clear will come for it any more to pop the note)."""
+        with self._held_lock:
+            self.told_failed.pop(room, None)
+
     def tell_failed(self, room: int, targets: list[tuple[str, int]], reason: str, counter: str | None = None) -> bool:
         """Send decode `targets` a Failed status for `room` now (True), or hold it while a write into their
         pages may still land (False, counted as held; sent by `send_drained_tells` once none can, then
@@ -118,8 +123,7 @@ class ManagerHost:
         for room, targets, tell in drained:
             self.mgr.send_kv_status_message(targets=targets, bootstrap_room=room, status=KVPoll.Failed,
                                             failure_reason=tell.reason)
-            with self._held_lock:  # the room's clear came before: nothing else will forget this send
-                self.told_failed.pop(room, None)
+            self.forget_told(room)  # the room's clear came before: nothing else will forget this send
             if tell.counter is not None:
                 self._on_count(tell.counter, 1)
         return [room for room, _, _ in drained], dropped
@@ -179,8 +183,7 @@ class ManagerHost:
         if targets:
             self.mgr.send_kv_status_message(targets=targets, bootstrap_room=room, status=KVPoll.Failed,
                                             failure_reason=reason)
-        with self._held_lock:  # no request's clear will come for this room to forget what was sent
-            self.told_failed.pop(room, None)
+        self.forget_told(room)  # no request's clear will come for this room to forget what was sent
         return infos is not None
 
     def prune(self) -> None:

@@ -271,6 +271,7 @@ def _tell_decodes_of_failure(sender, targets: list[tuple[str, int]]) -> None:
     why = sender.kv_mgr.failure_records.get(room) or "failed (no reason recorded)"
     # while a transfer worker may still write into decode's pages: held, told once they settle (counted then)
     if host.tell_failed(room, targets, f"prefill's request failed: {why}", counter="prefill_failures_told_total"):
+        host.forget_told(room)  # sent after the room's clear: nothing later would forget the note of it
         current().counters.add("prefill_failures_told_total")
 
 
@@ -286,27 +287,29 @@ def after_send_kv_status_message(result, mgr, *, targets, bootstrap_room, status
     return result
 
 
-def _count_turn(turn: Between, sender, wait_s: float) -> None:
+def _report_turn(turn: Between, waited: str, timed_out: str, message: str, *args) -> None:
+    """Count a change of the rooms that waited for the bootstrap thread (`waited`), or one that waited the
+    whole cap and ran anyway (`timed_out`, also logged with `message`)."""
     state = current()
     if turn is Between.WAITED:
-        state.counters.add("clears_waited_for_bootstrap_total")
+        state.counters.add(waited)
     elif turn is Between.TIMED_OUT:
-        state.counters.add("clear_bootstrap_wait_timeouts_total")
-        logger.error("sglang_pd: clearing room %s: prefill's bootstrap thread held one message for over %g s; "
-                     "cleared anyway (if that message names this room, SGLang's thread may die of it: /health "
-                     "then answers 503)", sender.bootstrap_room, wait_s)
+        state.counters.add(timed_out)
+        logger.error(message + " (if that message names this room, SGLang's thread may die of it: /health then "
+                     "answers 503)", *args)
+
+
+def _count_turn(turn: Between, sender, wait_s: float) -> None:
+    _report_turn(turn, "clears_waited_for_bootstrap_total", "clear_bootstrap_wait_timeouts_total",
+                 "sglang_pd: clearing room %s: prefill's bootstrap thread held one message for over %g s; "
+                 "cleared anyway", sender.bootstrap_room, wait_s)
 
 
 def _count_room_pop_turn(turn: Between, room) -> None:
     """HeldRooms' report: a removal from `transfer_infos` outside a clear (a transfer worker done with a room)."""
-    state = current()
-    if turn is Between.WAITED:
-        state.counters.add("room_pops_waited_for_bootstrap_total")
-    elif turn is Between.TIMED_OUT:
-        state.counters.add("room_pop_bootstrap_wait_timeouts_total")
-        logger.error("sglang_pd: removing room %s from prefill's transfer infos: the bootstrap thread held one "
-                     "message past the wait's cap; removed anyway (if that message names this room, SGLang's thread "
-                     "may die of it: /health then answers 503)", room)
+    _report_turn(turn, "room_pops_waited_for_bootstrap_total", "room_pop_bootstrap_wait_timeouts_total",
+                 "sglang_pd: removing room %s from prefill's transfer infos: the bootstrap thread held one message "
+                 "past the wait's cap; removed anyway", room)
 
 
 def _after_clear(sender) -> None:

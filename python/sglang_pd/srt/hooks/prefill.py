@@ -10,7 +10,6 @@
 from __future__ import annotations
 
 import logging
-import time
 
 from sglang_pd.srt.disaggregation.prefill_guard import validate_decode_prefix_len
 from sglang_pd.srt.fault_injection import Fault
@@ -64,15 +63,8 @@ def _held_by_fault(state, queue, req, room: int) -> bool:
     faults = state.faults
     if not faults.enabled:
         return False
-    holds = faults.hold_until
-    if room not in holds:
-        if not any(queued is req for queued in queue.queue) or not faults.take(Fault.PREFILL_BOOTSTRAP_HOLD, room):
-            return False
-        holds[room] = time.monotonic() + _FAULT_HOLD_S
-    if time.monotonic() < holds[room]:
-        return True
-    holds.pop(room)
-    return False
+    return faults.holding(Fault.PREFILL_BOOTSTRAP_HOLD, room, _FAULT_HOLD_S,
+                          may_start=any(queued is req for queued in queue.queue))
 
 
 def around_next_prefill_batch(original, scheduler, running_batch, last_batch, should_retry_storage_prefetch=True):
@@ -93,21 +85,8 @@ def around_next_prefill_batch(original, scheduler, running_batch, last_batch, sh
 
 def _waiting_held_by_fault(state, waiting_queue) -> list:
     """The waiting requests PREFILL_WAITING_HOLD keeps out of the next batch (armed per room, once)."""
-    faults, now, held = state.faults, time.monotonic(), []
-    for req in list(waiting_queue):
-        room = getattr(req, "bootstrap_room", None)
-        if room is None:
-            continue
-        room = int(room)
-        if room not in faults.waiting_hold_until:
-            if not faults.take(Fault.PREFILL_WAITING_HOLD, room):
-                continue
-            faults.waiting_hold_until[room] = now + _FAULT_HOLD_S
-        if now < faults.waiting_hold_until[room]:
-            held.append(req)
-        else:
-            faults.waiting_hold_until.pop(room)
-    return held
+    return [req for req in list(waiting_queue) if getattr(req, "bootstrap_room", None) is not None
+            and state.faults.holding(Fault.PREFILL_WAITING_HOLD, int(req.bootstrap_room), _FAULT_HOLD_S)]
 
 
 def after_add(result, queue, req, num_kv_heads):
