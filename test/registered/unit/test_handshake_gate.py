@@ -405,7 +405,7 @@ def test_a_failure_tell_waits_until_no_write_into_the_decodes_pages_can_land():
     `_staging_outstanding`), so telling decode now would let it free pages the write still lands in. The
     tell is held, sent by the gate's housekeeping once the count drains; one held past the TTL is dropped
     (never sent); a new request on a room drops the old tell; a decode SGLang's worker already told of a
-    failed transfer is not told again."""
+    failed transfer is not told again, nor is one told of a room the gate failed when its request's clear comes."""
     from sglang.srt.disaggregation.base.conn import KVPoll
 
     from sglang_pd.srt.disaggregation.manager_host import ManagerHost
@@ -482,3 +482,9 @@ def test_a_failure_tell_waits_until_no_write_into_the_decodes_pages_can_land():
     g.housekeeping()
     assert told() == [4, 1, 2, 9] and mgr.told[-1][3] == "bad frame"
     assert counters.get("prefill_failures_told_total") == 3  # counted as a failed room by the gate, not here
+    # the room's request ends later (SGLang's clear of the failed sender): that decode was told, not twice
+    assert 9 in host.claimed and host.told_failed == {9: {(PEER.ip, PEER.port)}}
+    mgr.transfer_infos[9], mgr.failure_records[9] = {PEER.name: decode}, "bad frame"
+    common_conn.around_sender_clear(mgr.clear, SimpleNamespace(bootstrap_room=9, conclude_state=KVPoll.Failed,
+                                                               kv_mgr=mgr))
+    assert told() == [4, 1, 2, 9] and host.told_failed == {} and 9 not in host.claimed

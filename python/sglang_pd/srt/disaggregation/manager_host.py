@@ -123,7 +123,10 @@ class ManagerHost:
         for room, targets, tell in drained:
             self.mgr.send_kv_status_message(targets=targets, bootstrap_room=room, status=KVPoll.Failed,
                                             failure_reason=tell.reason)
-            self.forget_told(room)  # the room's clear came before: nothing else will forget this send
+            if room not in self.claimed:  # its clear came before: nothing else will forget this send
+                self.forget_told(room)
+            # else (the gate failed a room whose request still runs): the note stays for the room's clear,
+            # which then skips the decode told here
             if tell.counter is not None:
                 self._on_count(tell.counter, 1)
         return [room for room, _, _ in drained], dropped
