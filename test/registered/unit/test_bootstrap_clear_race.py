@@ -398,3 +398,29 @@ def test_the_installed_table_counts_a_waited_removal_and_a_timed_out_one(monkeyp
         clear.join(5)
         assert pd_state.counters.get("room_pops_waited_for_bootstrap_total") == 1
         assert pd_state.counters.get("room_pop_bootstrap_wait_timeouts_total") == 1
+
+
+def test_a_room_removed_while_a_worker_waited_to_remove_it_is_no_error(quiet_thread_deaths):
+    """Upstream's mooncake worker checks, then pops without a default (`if room in transfer_infos:
+    transfer_infos.pop(room)`); the wait for the turn sits between the two. When another removal that waits
+    for the same turn (a clear) has it first and pops the room, the worker's pop finds it gone: done, not a
+    KeyError in the worker."""
+    turns = []
+    prefill = Prefill("mooncake", guarded=True)
+    try:
+        _held_rooms(prefill, turns)
+        prefill.mgr.transfer_infos[ROOM] = {}  # the room, its transfer done (no destination left to send to)
+        with prefill.sock.between_messages() as turn:  # the clear's turn, taken first
+            assert turn is Between.FREE
+            worker = _worker_finishes_room_in_thread(prefill, ROOM)
+            worker.join(0.5)
+            assert worker.is_alive() and ROOM in prefill.mgr.transfer_infos  # it saw the room; its pop waits
+            prefill.mgr.transfer_infos.pop(ROOM, None)  # the clear's own pop, inside its turn
+        worker.join(5)
+        assert not worker.is_alive() and ROOM not in prefill.mgr.transfer_infos
+        assert [t for t, _ in turns] == [Between.FREE, Between.WAITED]  # the clear's pop, then the worker's
+        assert prefill.thread.is_alive()
+        # the worker ran to its end (before: its pop raised KeyError, and upstream's error path took over)
+        assert [e for e in quiet_thread_deaths if e is not WorkerStop] == []
+    finally:
+        prefill.close()

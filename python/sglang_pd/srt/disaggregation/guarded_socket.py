@@ -176,11 +176,21 @@ class HeldRooms(dict):
             yield
 
     def pop(self, room, *default):
+        """dict.pop, except that a room present when called and removed by another turn while this one
+        waited (a clear) counts as removed: None, not KeyError. Upstream's workers check, then pop without
+        a default (`if room in infos: infos.pop(room)`); the wait sits between the two."""
+        present = room in self
         with self._removal(room):
+            if present and not default and room not in self:
+                return None
             return super().pop(room, *default)
 
     def __delitem__(self, room) -> None:
+        """del, with the same rule as `pop` for a room removed while this waited its turn."""
+        present = room in self
         with self._removal(room):
+            if present and room not in self:
+                return
             super().__delitem__(room)
 
     def popitem(self):
