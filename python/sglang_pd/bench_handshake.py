@@ -45,6 +45,9 @@ class _Tables:
     def num_registered(self):
         return 1
 
+    def endpoint_registered(self, target):
+        return tuple(target) == (PEER.ip, PEER.port)
+
     def room_claimed(self, room):
         return True
 

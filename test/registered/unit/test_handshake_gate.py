@@ -47,6 +47,9 @@ class Host:
     def num_registered(self):
         return len(self.peers)
 
+    def endpoint_registered(self, target):
+        return any((r.endpoint, r.port) == tuple(target) for r in self.peers.values())
+
     def room_claimed(self, room):
         return room in self.rooms
 
@@ -148,14 +151,41 @@ def test_with_auth_a_room_decline_must_be_signed():
 
     host = Host()
     host.rooms.add(12)
+    host.peers[PEER.name] = PeerRecord(PEER.ip, PEER.port)  # the declining decode's endpoint
     g = gate(host, auth=PeerAuth([KEY]))
-    decline = decline_frames(DeclineNotice(12, None, "served by decode"), "127.0.0.1", 4567)
+    decline = decline_frames(DeclineNotice(12, None, "served by decode"), PEER.ip, PEER.port)
     assert g.admit(decline, "6.6.6.6") is None
     assert g.admit(decline + PeerAuth([b"x" * 40]).sign_frames(decline), "6.6.6.6") is None
     assert host.failed == [] and g.counts.auth_refused == {"missing": 1, "unknown_key": 1}
     assert g.admit(decline + PeerAuth([KEY]).sign_frames(decline), "10.0.0.9") == decline
     assert g.counts.num_admitted == 1 and g.counts.rejected == {}
-    assert gate(Host()).admit(decline, "10.0.0.9") == decline, "without a secret: admitted as upstream's ABORT is"
+    assert gate(host).admit(decline, "10.0.0.9") == decline, "without a secret: admitted as upstream's ABORT is"
+
+
+@pytest.mark.parametrize("kind", ["abort", "decline"])
+def test_prefill_answers_only_at_an_endpoint_a_peer_registered(kind):
+    """Upstream answers an ABORT (and our decline, read as one) with an ABORT_ACK at the address the message
+    carries, through a socket it opens and caches per address: a stranger naming fresh addresses made
+    prefill connect wherever it said, until its file descriptors ran out. Only a registered peer's endpoint
+    is answered; the room still fails (what the ABORT asked for), nobody is told."""
+    from sglang_pd.srt.disaggregation.room_decline import DeclineNotice, decline_frames
+
+    def message(room, ip, port):
+        if kind == "abort":
+            return [b"ABORT", str(room).encode(), ip.encode(), str(port).encode(), b"1"]
+        return decline_frames(DeclineNotice(room, None, "served by decode"), ip, port)
+
+    host = Host()
+    host.rooms.update({3, 4})
+    host.peers[PEER.name] = PeerRecord(PEER.ip, PEER.port)
+    g = gate(host)
+    assert host.endpoint_registered((PEER.ip, PEER.port)) and not host.endpoint_registered(("10.255.255.1", 20001))
+    assert g.admit(message(3, PEER.ip, PEER.port), "10.0.0.9") == message(3, PEER.ip, PEER.port)
+    assert g.admit(message(4, "10.255.255.1", 20001), "6.6.6.6") is None
+    assert g.counts.rejected == {kind: 1} and host.failed[-1][0] == 4 and host.failed[-1][2] is None
+    assert "an endpoint no registered peer has" in host.failed[-1][1]
+    if kind == "abort":  # an ABORT without an address asks for no answer: admitted as before
+        assert g.admit([b"ABORT", b"5"], "6.6.6.6") == [b"ABORT", b"5"]
 
 
 def test_decode_side_aux_data_needs_a_waiting_room():
@@ -488,3 +518,26 @@ def test_a_failure_tell_waits_until_no_write_into_the_decodes_pages_can_land():
     common_conn.around_sender_clear(mgr.clear, SimpleNamespace(bootstrap_room=9, conclude_state=KVPoll.Failed,
                                                                kv_mgr=mgr))
     assert told() == [4, 1, 2, 9] and host.told_failed == {} and 9 not in host.claimed
+
+
+def test_with_a_secret_a_kv_manager_whose_socket_cannot_be_guarded_is_refused_before_it_is_built(pd_state, caplog):
+    """Fail closed: Ascend's manager (a MooncakeKVManager subclass in another module) and Mori's have rank
+    sockets sglang_pd does not guard. Without a secret they are built and warned about (upstream's
+    behaviour); with SGLANG_PD_PEER_SECRET_FILE set the server refuses, before SGLang builds the manager."""
+    from sglang.srt.disaggregation.ascend.conn import AscendKVManager
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+
+    from sglang_pd.srt.hooks import common_conn
+
+    built = []
+    mgr = AscendKVManager.__new__(AscendKVManager)
+    args = SimpleNamespace(kv_data_lens=[1 << 20], kv_item_lens=[4096], aux_item_lens=[], aux_data_lens=[], page_size=1)
+    original = lambda *a: built.append(a)  # noqa: E731  (what SGLang's __init__ would build)
+    assert pd_state.peer_guard.auth is None
+    with caplog.at_level(logging.WARNING, logger="sglang_pd.srt.hooks.common_conn"):
+        common_conn.around_manager_init(original, mgr, args, DisaggregationMode.PREFILL, None)
+    assert len(built) == 1 and "AscendKVManager rank socket is not guarded" in caplog.text
+    pd_state.peer_guard.auth = PeerAuth([KEY])
+    with pytest.raises(RuntimeError, match=r"SGLANG_PD_PEER_SECRET_FILE is set, but the rank socket of AscendKVManager"):
+        common_conn.around_manager_init(original, mgr, args, DisaggregationMode.DECODE, None)
+    assert len(built) == 1  # not built

@@ -117,6 +117,9 @@ class Host:
     def num_registered(self):
         return len(self.peers)
 
+    def endpoint_registered(self, target):
+        return any((r.endpoint, r.port) == tuple(target) for r in self.peers.values())
+
     def room_claimed(self, room):
         return True
 

@@ -6,7 +6,8 @@ Steps, in order:
      and counted; nothing else happens (an impostor cannot fail a room by naming it);
   2. schema (`handshake_frames.check_message`): every frame a reader later touches;
   3. state: a transfer info must name a registered peer at the endpoint it registered (prefill's
-     transfer worker looks it up), the registration table is bounded, AUX_DATA must name a room
+     transfer worker looks it up), so must the reply address of an ABORT / decline / BOOTSTRAP (prefill
+     answers there), the registration table is bounded, AUX_DATA must name a room
      decode is waiting on; prefill: a transfer info for a room whose own request already failed here
      (and was cleared) is too late;
   4. a rejected message with a readable room fails that room (prefill: decode told when it names a
@@ -54,6 +55,7 @@ class GateHost(Protocol):
 
     def registered_peer(self, name: str) -> PeerRecord | None: ...
     def num_registered(self) -> int: ...
+    def endpoint_registered(self, target: tuple[str, int]) -> bool: ...
     def room_claimed(self, room: int) -> bool: ...
     def fail_room(self, room: int, reason: str, notify: tuple[str, int] | None) -> bool: ...
     def drop_unclaimed(self, room: int, reason: str) -> bool: ...
@@ -217,6 +219,13 @@ class HandshakeGate:
         if kind is MessageKind.REGISTRATION:
             if self.host.registered_peer(verdict.peer_name) is None and self.host.num_registered() >= self.max_peers:
                 return f"registration of {verdict.peer_name!r} refused: {self.max_peers} peers already registered"
+        if (kind in _ANSWERED_AT_REPLY_TO and self.limits.side is Side.PREFILL and verdict.reply_to is not None
+                and not self.host.endpoint_registered(verdict.reply_to)):
+            # upstream answers it there (ABORT_ACK; a deferred bootstrap's status), through a socket it opens
+            # and caches per address: an address no peer registered would make prefill connect where a
+            # stranger says, one cached socket per address named
+            return (f"{kind.value} for room {verdict.room} asks for an answer at {verdict.reply_to}, an endpoint no "
+                    f"registered peer has")
         if kind is MessageKind.AUX_DATA and not self.host.room_claimed(verdict.room):
             return f"AUX_DATA for room {verdict.room}, which this decode is not waiting on"
         return None
@@ -308,6 +317,9 @@ class HandshakeGate:
                 view["captured"] = {k: [base64.b64encode(f).decode() for f in m] for k, m in self.captured.items()}
         return view
 
+
+# Messages prefill answers at the address they carry (upstream's ABORT_ACK, a deferred bootstrap's status).
+_ANSWERED_AT_REPLY_TO = (MessageKind.ABORT, MessageKind.DECLINE, MessageKind.BOOTSTRAP)
 
 _AUTH_TEXT = {
     AuthFailure.MISSING: "message has no auth tag (peer without SGLANG_PD_PEER_SECRET_FILE, or an impostor)",

@@ -145,6 +145,11 @@ class ManagerHost:
         slots = getattr(info, "dst_num_slots", None) if self.limits.backend == "nixl" else None
         return PeerRecord(str(info.endpoint), int(info.dst_port), int(slots) if slots else None)
 
+    def endpoint_registered(self, target: tuple[str, int]) -> bool:
+        """Whether some registered peer registered exactly `target` (endpoint, port) (read-only)."""
+        infos = list(getattr(self.mgr, "decode_kv_args_table", {}).values())
+        return any((str(info.endpoint), int(info.dst_port)) == tuple(target) for info in infos)
+
     def num_registered(self) -> int:
         """Peers registered with this manager (read-only)."""
         return len(getattr(self.mgr, "decode_kv_args_table", {}))

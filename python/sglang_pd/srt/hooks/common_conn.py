@@ -31,6 +31,7 @@ import dataclasses
 import logging
 import threading
 
+from sglang_pd.config import PEER_SECRET_FILE
 from sglang_pd.srt.disaggregation.guarded_socket import Between, GuardedSocket, HeldRooms, SigningSocket
 from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits, Side
 from sglang_pd.srt.disaggregation.handshake_gate import HandshakeGate
@@ -53,12 +54,22 @@ def around_manager_init(original, mgr, args, disaggregation_mode, server_args, i
     """Build SGLang's manager with a capped rank socket, then guard the socket and watch the threads."""
     before = threading.enumerate()
     limits = frame_limits(args, type(mgr).__module__, mode_name(disaggregation_mode))
+    if limits is None and current().peer_guard.auth is not None:  # fail closed: a secret set, no guard possible
+        raise RuntimeError(unguarded_with_secret(type(mgr)))
     with frame_cap(zmq_frame_cap(limits) if limits else None):
         original(mgr, args, disaggregation_mode, server_args, is_mla_backend)
     if limits is None:
         logger.warning("sglang_pd: %s rank socket is not guarded (only mooncake and nixl are)", type(mgr).__name__)
         return
     _install(mgr, limits, before)
+
+
+def unguarded_with_secret(manager_cls) -> str:
+    """Why a server with a peer secret refuses a KV manager whose rank socket sglang_pd cannot guard."""
+    return (f"sglang_pd: {PEER_SECRET_FILE} is set, but the rank socket of {manager_cls.__name__} "
+            f"({manager_cls.__module__}) cannot be authenticated (sglang_pd guards mooncake and nixl only): "
+            "refusing to serve unauthenticated peers; use --disaggregation-transfer-backend mooncake or nixl, "
+            f"or unset {PEER_SECRET_FILE}")
 
 
 def frame_limits(args, module: str, mode: str) -> FrameLimits | None:
