@@ -227,8 +227,13 @@ def test_guarded_socket_returns_only_admitted_frames_and_works_with_pollers():
         poller.register(sock, zmq.POLLIN)
         assert poller.poll(5000)
         assert sock.recv_multipart() == T.abort(12)
-    got = []
-    reader = threading.Thread(target=lambda: got.append(sock.recv_multipart()), daemon=True)
+    got, handled = [], threading.Event()
+
+    def read_one():  # SGLang's bootstrap thread: receive, then handle (until `handled`)
+        got.append(sock.recv_multipart())
+        handled.wait(5)
+
+    reader = threading.Thread(target=read_one, daemon=True)
     reader.start()
     time.sleep(0.2)  # the reader idles through a few housekeeping rounds
     signer.send_multipart(T.abort(13))
@@ -541,3 +546,62 @@ def test_with_a_secret_a_kv_manager_whose_socket_cannot_be_guarded_is_refused_be
     with pytest.raises(RuntimeError, match=r"SGLANG_PD_PEER_SECRET_FILE is set, but the rank socket of AscendKVManager"):
         common_conn.around_manager_init(original, mgr, args, DisaggregationMode.DECODE, None)
     assert len(built) == 1  # not built
+
+
+def test_a_message_is_screened_before_the_reader_takes_its_hold():
+    """Authentication and the schema (a MAC over every frame: up to a second on a stranger's 100 x 16 MiB
+    message) read no room state and run before the bootstrap reader takes its hold, so a clear meanwhile
+    gets its turn at once; the room checks and SGLang's handling run under the hold. A message with more
+    frames than any PD message is dropped before its frames are copied."""
+    from sglang_pd.srt.disaggregation.guarded_socket import Between
+
+    ctx = zmq.Context()
+    raw = ctx.socket(zmq.PULL)
+    port = raw.bind_to_random_port("tcp://127.0.0.1")
+    host = Host()
+    host.peers[PEER.name] = PeerRecord(PEER.ip, PEER.port)
+    auth = PeerAuth([KEY])
+    g = gate(host, auth=auth)
+    screening, go = threading.Event(), threading.Event()
+    screen = g.screen
+
+    def slow_screen(msg, peer):  # the gate's own screen, entered and paused (a probe, not a replacement)
+        screening.set()
+        go.wait(5)
+        return screen(msg, peer)
+
+    g.screen = slow_screen
+    sock = GuardedSocket.around(raw, g, on_error=lambda doing: None, housekeeping_s=0.05, hold=True)
+    sock.hold_wait_s = 0.3
+    got, handled = [], threading.Event()
+
+    def read_one():  # SGLang's bootstrap thread: receive, then handle (until `handled`)
+        got.append(sock.recv_multipart())
+        handled.wait(5)
+
+    reader = threading.Thread(target=read_one, daemon=True)
+    push = SigningSocket.around(ctx.socket(zmq.PUSH), auth)
+    push.connect(f"tcp://127.0.0.1:{port}")
+    try:
+        push.send_multipart([b"x"] * 40)  # 40 frames: dropped unread
+        message = T.abort(3, PEER.ip, PEER.port)
+        push.send_multipart(message)
+        reader.start()
+        assert screening.wait(5) and not sock._held  # the reader is inside the screen of the ABORT
+        assert g.counts.rejected == {"unknown": 1} and g.counts.num_received == 1  # the 40 frames, unscreened
+        with sock.between_messages() as turn:
+            assert turn is Between.FREE  # a clear now runs at once
+        go.set()
+        for _ in range(100):
+            if got:
+                break
+            threading.Event().wait(0.02)
+        assert got == [message] and sock._held  # admitted; held while SGLang handles it
+        with sock.between_messages() as turn:
+            assert turn is Between.TIMED_OUT  # a clear would wait for the handling (here past the cap)
+    finally:
+        go.set()
+        handled.set()
+        push.close(linger=0)
+        sock.close(linger=0)
+        ctx.term()

@@ -6,8 +6,11 @@ the auth trailer removed, and drops the rest without returning. While idle it wa
 `housekeeping_s` so the gate can expire unclaimed rooms. A bug in the gate drops that one message
 (the caller's `on_error` counts and logs it) instead of ending the reading thread.
 
-With `hold` (prefill's bootstrap socket), the reader holds a lock from the moment a message arrives,
-through the gate and SGLang's handling of it, until it comes back for the next one. Whoever changes
+With `hold` (prefill's bootstrap socket), the reader holds a lock from the moment a message passed the
+gate's screen (authentication and schema: the costly part, no room state read; a message with more frames
+than any PD message is dropped before its frames are even copied), through the gate's room checks and
+SGLang's handling of it, until it comes back for the next one. (Screening under the hold let a stranger's
+large message keep every clear waiting up to the cap.) Whoever changes
 the rooms that handling reads (SGLang's `CommonKVSender.clear`, through our hook) does it inside
 `between_messages()`, so it never lands in the middle: SGLang 0.5.23's bootstrap threads read
 `transfer_infos[room]` several times per message, and a clear popping the room in between raised
@@ -36,7 +39,7 @@ from typing import Callable, Iterator
 
 import zmq
 
-from sglang_pd.srt.disaggregation.handshake_gate import HandshakeGate
+from sglang_pd.srt.disaggregation.handshake_gate import HandshakeGate, Screened
 from sglang_pd.srt.disaggregation.peer_auth import PeerAuth
 
 HOLD_WAIT_S = 2.0  # longest a `between_messages` caller waits for the reader to finish one message
@@ -88,11 +91,14 @@ class GuardedSocket(zmq.Socket):
                 self._housekeeping()
                 continue
             frames = super().recv_multipart(flags, copy=False)
-            self._take()  # from here until the next call: the gate's checks and SGLang's handling, in one piece
-            self.before_admit()
-            admitted = self._admit(frames)
-            if admitted is None:
-                self._release()  # dropped: nothing of SGLang's runs for it
+            screened = self._screen(frames)  # auth and schema, the costly part: outside the hold
+            admitted = None
+            if screened is not None:
+                self._take()  # from here until the next call: the room checks and SGLang's handling, in one piece
+                self.before_admit()
+                admitted = self._decide(screened, frames)
+                if admitted is None:
+                    self._release()  # dropped: nothing of SGLang's runs for it
             if time.monotonic() >= self._next_housekeeping:
                 self._housekeeping()
             if admitted is not None:
@@ -137,13 +143,20 @@ class GuardedSocket(zmq.Socket):
             self._held = False
             self.hold.release()
 
-    def _admit(self, frames) -> list[bytes] | None:
+    def _screen(self, frames) -> Screened | None:
+        """The gate's checks that read no room state; a message with too many frames is dropped uncopied."""
+        peer = _peer_address(frames)
         try:
-            peer = frames[0].get("Peer-Address") or "unknown"
-        except zmq.ZMQError:
-            peer = "unknown"
+            if self.gate.refuse_unread(len(frames), peer):
+                return None
+            return self.gate.screen([f.bytes for f in frames], peer)
+        except Exception:
+            self._gate_error("admitting a message")
+            return None
+
+    def _decide(self, screened: Screened, frames) -> list[bytes] | None:
         try:
-            return self.gate.admit([f.bytes for f in frames], peer)
+            return self.gate.decide(screened, _peer_address(frames))
         except Exception:
             self._gate_error("admitting a message")
             return None
@@ -157,6 +170,13 @@ class GuardedSocket(zmq.Socket):
 
     def _gate_error(self, doing: str) -> None:
         self.on_error(doing)  # inside the except block: counts and logs (with traceback) what failed
+
+
+def _peer_address(frames) -> str:
+    try:
+        return frames[0].get("Peer-Address") or "unknown"
+    except zmq.ZMQError:
+        return "unknown"
 
 
 class HeldRooms(dict):

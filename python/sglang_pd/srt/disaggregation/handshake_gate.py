@@ -31,7 +31,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable, NamedTuple, Protocol
 
-from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits, MessageKind, Side, Verdict, check_message
+from sglang_pd.srt.disaggregation.handshake_frames import (MAX_FRAMES, FrameLimits, MessageKind, Side, Verdict,
+                                                           check_message)
 from sglang_pd.srt.disaggregation.frame_fields import FrameError
 from sglang_pd.srt.disaggregation.peer_auth import TRAILER_FRAMES, AuthFailure, PeerAuth
 from sglang_pd.srt.disaggregation.prompt_binding import PromptDigests, split_digest
@@ -39,6 +40,7 @@ from sglang_pd.srt.disaggregation.room_expiry import RoomTombstones, UnclaimedRo
 
 logger = logging.getLogger(__name__)
 MAX_PEERS_LOGGED = 1024
+MAX_MESSAGE_FRAMES = MAX_FRAMES + TRAILER_FRAMES + 1  # the longest schema, our auth trailer, the prompt digest
 SUMMARY_INTERVAL_S = 60.0
 
 
@@ -48,6 +50,16 @@ class PeerRecord(NamedTuple):
     endpoint: str
     port: int
     num_slots: int | None = None  # NIXL: pages the peer's pool has (index bound); None if unknown
+
+
+class Screened(NamedTuple):
+    """A message past authentication and its schema check (`HandshakeGate.screen`), awaiting `decide`."""
+
+    msg: list[bytes]             # as received (auth trailer included)
+    body: list[bytes]            # what SGLang would parse (trailer and digest frame off)
+    digest: bytes | None         # prefill: the prompt digest frame of a transfer info
+    digest_problem: str | None   # why the digest frame is unreadable
+    verdict: Verdict
 
 
 class GateHost(Protocol):
@@ -113,9 +125,17 @@ class HandshakeGate:
         # so a test can replay real traffic byte for byte.
         self.captured: dict[str, list[bytes]] | None = {} if capture else None
 
-    # ---- the one entry point --------------------------------------------------------------------------
+    # ---- entry points ---------------------------------------------------------------------------------
     def admit(self, msg: list[bytes], peer: str) -> list[bytes] | None:
-        """The frames SGLang may parse, or None when the message was dropped (never raises)."""
+        """The frames SGLang may parse, or None when the message was dropped (never raises): `screen`, then
+        `decide`."""
+        screened = self.screen(msg, peer)
+        return None if screened is None else self.decide(screened, peer)
+
+    def screen(self, msg: list[bytes], peer: str) -> Screened | None:
+        """Steps 1-2 and the digest frame: what reads no room state, and costs the most on a large message
+        (the MAC over every frame, the schema). A reader may run it before taking its hold, so a stranger's
+        large message does not keep SGLang's clears waiting. None: refused by authentication (counted)."""
         with self._lock:
             self.counts.num_received += 1
         body = self._authenticate(msg, peer)
@@ -127,7 +147,12 @@ class HandshakeGate:
                 body, digest = split_digest(body)
             except FrameError as exc:
                 body, digest_problem = list(body[:-1]), str(exc)
-        verdict = check_message(body, self.limits)
+        return Screened(msg, body, digest, digest_problem, check_message(body, self.limits))
+
+    def decide(self, screened: Screened, peer: str) -> list[bytes] | None:
+        """Steps 3-4 for a screened message: room and peer state, then admit (recorded) or reject (its room
+        failed). Reads and changes SGLang's room tables: run where no clear can land (the reader's hold)."""
+        msg, body, digest, digest_problem, verdict = screened
         if digest_problem is None and digest is not None and verdict.kind is not MessageKind.TRANSFER_INFO:
             digest_problem = f"a prompt digest frame ends a {verdict.kind.value} message"
         reason = verdict.reason or (digest_problem and f"{verdict.kind.value} for room {verdict.room}: "
@@ -146,6 +171,20 @@ class HandshakeGate:
             if self.captured is not None:
                 self.captured[verdict.kind.value] = list(msg)
         return body
+
+    def refuse_unread(self, num_frames: int, peer: str) -> bool:
+        """Before a message's frames are copied out of libzmq: True (counted, logged, dropped: no room can be
+        read from it unread) when it has more frames than any PD message plus the auth trailer and digest."""
+        if num_frames <= MAX_MESSAGE_FRAMES:
+            return False
+        with self._lock:
+            self.counts.num_received += 1
+            key = MessageKind.UNKNOWN.value
+            self.counts.rejected[key] = self.counts.rejected.get(key, 0) + 1
+        self._on_count("handshake_messages_rejected_total", 1)
+        self._note_peer(peer, f"sglang_pd: rejected by {self.limits.side.value}: {num_frames} frames, more than any "
+                              f"PD message has ({MAX_MESSAGE_FRAMES} with the auth trailer and digest)", key)
+        return True
 
     def housekeeping(self) -> list[int]:
         """Expire unclaimed rooms (the host tells their decodes; each is tombstoned for a late prefill half),
