@@ -16,7 +16,8 @@ The request keeps admission's prefix lock (HELD, owner = rid) and its preallocat
 whole time: the extend writes the uncached tokens into exactly those pages; JOINED hands them to the
 running batch (SGLang's finish path releases them); ABORTED / FAILED release them through SGLang's
 release path without publishing the never-computed suffix. An abort that finds the request
-EXTENDING is SGLang's running-batch abort (the request is in the extend batch); it is recorded here.
+EXTENDING is SGLang's running-batch abort (the request is in the extend batch, which the scheduler hook
+lists among SGLang's in-flight batches until the join); it is recorded here.
 
 Budget per scheduler step: one extend carries at most `step_tokens` uncached tokens. When requests are
 decoding, the extend runs inside their decode step (one MIXED forward: the extend's tokens and one
@@ -116,7 +117,8 @@ class LocalPrefill:
 
     Mutating: `decide`, `count_fallback`, `enqueue`, `plan_extend`, `bind_extend`, `join_extend`, `abort`,
     `fail`, `on_decode_turn`, `mixed_with`. Read-only: `enabled`, `holds`, `is_extend_batch`, `extend_in_flight`,
-    `num_extend_tokens`, `num_pending`, `queued_records`, `record`, `snapshot`. Scheduler thread only. Counts into `counters`.
+    `mixed_decoding_reqs`, `num_extend_tokens`, `num_pending`, `queued_records`, `record`, `snapshot`. Scheduler
+    thread only. Counts into `counters`.
     """
 
     def __init__(self, threshold: int, step_tokens: int, counters: PDCounters, max_records: int = 4096,
@@ -132,6 +134,7 @@ class LocalPrefill:
         self._queue: list[LocalRecord] = []
         self._extend_batch: Any = None
         self._extending: list[LocalRecord] = []
+        self._mixed_reqs: list[Any] = []
         self._extended_since_decode = False
 
     @property
@@ -228,20 +231,28 @@ class LocalPrefill:
             record.joined_at_s = self._clock()
         self.counters.add("local_prefill_extends_total")
         self.counters.add("local_prefill_tokens_total", sum(r.num_uncached for r in records))
-        self._extend_batch, self._extending = None, []
+        self._extend_batch, self._extending, self._mixed_reqs = None, [], []
         return batch
 
     def on_decode_turn(self) -> None:
         """A decode step was scheduled: the next extend may run before the one after it."""
         self._extended_since_decode = False
 
-    def mixed_with(self, num_decoding: int) -> None:
-        """The bound extend runs inside this decode step with `num_decoding` running requests (counted;
-        it is this step's decode turn)."""
-        if self._extend_batch is None or num_decoding < 1:
-            raise LocalTransitionError(f"no extend to mix with {num_decoding} decoding requests")
+    def mixed_with(self, decoding_reqs: list[Any]) -> None:
+        """The bound extend runs inside this decode step with these running requests (counted; it is this
+        step's decode turn). Until the join they sit in the extend batch only (SGLang's running batch is
+        empty meanwhile): `mixed_decoding_reqs` lists them so admission still reserves for them."""
+        if self._extend_batch is None or not decoding_reqs:
+            raise LocalTransitionError(f"no extend to mix with {len(decoding_reqs)} decoding requests")
+        self._mixed_reqs = list(decoding_reqs)
         self.counters.add("local_prefill_mixed_extends_total")
         self.on_decode_turn()
+
+    def mixed_decoding_reqs(self) -> list[Any]:
+        """The running requests folded into the bound extend by `mixed_with`, until it joins ([] when none;
+        read-only copy). Finished ones stay listed until the join, as they stay in a running batch until
+        its next filter."""
+        return list(self._mixed_reqs)
 
     def num_extend_tokens(self) -> int:
         """Uncached tokens of the bound extend's requests (0 when none is in flight)."""
@@ -251,7 +262,8 @@ class LocalPrefill:
     def abort(self, matches, lock_state_of) -> list[Any]:
         """Client abort: QUEUED requests whose rid `matches(rid)` become ABORTED and are returned (the
         caller releases and answers them); EXTENDING ones stay (SGLang's running-batch abort finishes
-        them) and the abort is recorded. `lock_state_of(req)` names the lock's state for the record."""
+        them: the bound extend batch is listed among its in-flight batches) and the abort is recorded.
+        `lock_state_of(req)` names the lock's state for the record."""
         aborted = []
         for record in [*self._queue, *self._extending]:
             if not matches(record.rid):
@@ -279,7 +291,7 @@ class LocalPrefill:
             record.req = None
             self.counters.add("local_prefill_failed_total")
         if not self._extending:
-            self._extend_batch = None
+            self._extend_batch, self._mixed_reqs = None, []
         self._publish_queued()
 
     # ---- read-only -------------------------------------------------------------------------------

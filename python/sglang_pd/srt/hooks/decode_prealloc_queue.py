@@ -7,7 +7,10 @@
     _pre_alloc              -> a resumed retracted request re-matches the tree (RadixResume)
     _send_kv_metadata       -> decode-local prefill decided here (prefill declined, request queued
                                locally); else the hand-off checked against the plan; test faults
-    _active_req_count       -> local-prefill requests reserve their decode headroom like any other
+    _active_req_count       -> local-prefill requests reserve their decode headroom like any other, and so
+                               do running requests folded into a mixed local extend (until its join)
+    _need_space_for_single_req, _required_admission_tokens
+                            -> those folded running requests count as running (retractable, largest need)
 
 `QueueSizer` reads SGLang's own budget functions for the round planner.
 """
@@ -33,7 +36,10 @@ logger = logging.getLogger(__name__)
 
 # ---- admission rounds (batched eviction) -----------------------------------------------------------
 class QueueSizer:
-    """RoundSizer over a live DecodePreallocQueue (reads SGLang's budget; `evict` mutates the tree)."""
+    """RoundSizer over a live DecodePreallocQueue (reads SGLang's budget; `evict` mutates the tree).
+
+    `retractable_tokens` is the running batch's, as SGLang's pop_preallocated computes it; the budget
+    hooks below add the running requests a mixed local extend holds (`_mixed_decoders`)."""
 
     def __init__(self, queue):
         self.queue = queue
@@ -86,8 +92,41 @@ def around_pop_preallocated(original, queue, rids_to_check=None, pp_good_rids=No
 
 
 def after_active_req_count(result, queue, extra_reserved_reqs=0):
-    """Local-prefill requests hold their row and pages outside SGLang's queues: reserve for them too."""
-    return result + current().local_prefill.num_pending()
+    """Local-prefill requests hold their row and pages outside SGLang's queues: reserve for them too; and
+    for the running requests a mixed local extend holds until its join (`_mixed_decoders`)."""
+    local = current().local_prefill
+    return result + local.num_pending() + len(local.mixed_decoding_reqs())
+
+
+# ---- the running requests a mixed local extend holds -----------------------------------------------
+def _mixed_decoders() -> tuple[list, int]:
+    """The running requests folded into the bound local extend (mixed forward) and their retractable
+    tokens, counted as SGLang's pop_preallocated counts running_batch's (prompt + output).
+
+    From the mixed step until the join (one scheduler iteration in the normal loop, two in the overlap
+    loop) SGLang's running_batch is empty, and its admission runs in between: without these the budget
+    reserved no decode headroom for them and no room for the largest one to finish. Read-only."""
+    reqs = current().local_prefill.mixed_decoding_reqs()
+    return reqs, sum(len(r.origin_input_ids) + len(r.output_ids) for r in reqs)
+
+
+def around_need_space_for_single_req(original, queue, retractable_tokens=None):
+    """SGLang's figure (the largest running request's prompt + capped max_new_tokens, less what can be
+    retracted) with the mixed extend's running requests counted as running; else SGLang's."""
+    from sglang.srt.disaggregation.decode import CLIP_MAX_NEW_TOKEN
+
+    mixed, mixed_tokens = _mixed_decoders()
+    if retractable_tokens is None or not mixed:
+        return original(queue, retractable_tokens)
+    running = [*queue.scheduler.running_batch.reqs, *mixed]
+    return max(min(r.sampling_params.max_new_tokens, CLIP_MAX_NEW_TOKEN) + len(r.origin_input_ids)
+               for r in running) - (retractable_tokens + mixed_tokens)
+
+
+def around_required_admission_tokens(original, queue, req, allocated_tokens, prefix_len, retractable_tokens):
+    """SGLang's per-request admission need, with the mixed extend's running requests retractable too
+    (`retractable_tokens` is running_batch's, as its callers compute it)."""
+    return original(queue, req, allocated_tokens, prefix_len, retractable_tokens + _mixed_decoders()[1])
 
 
 def _candidates(queue, first_req) -> list:

@@ -67,7 +67,7 @@ def around_get_next_disagg_decode_batch_to_run(original, scheduler, running_batc
         return NextBatchPlan(batch_to_run=batch, running_batch=plan.running_batch)
     batch.mix_with_running(decode)
     batch.decoding_reqs = decode.reqs
-    local.mixed_with(len(decode.reqs))
+    local.mixed_with(decode.reqs)
     return NextBatchPlan(batch_to_run=batch, running_batch=ScheduleBatch(reqs=[], batch_is_full=decode.batch_is_full))
 
 

@@ -1,5 +1,6 @@
 """Hooks on SGLang's `Scheduler` (managers/scheduler.py): metrics labels, state export, faults, step timing,
-and the scheduler-wide parts of decode-local prefill (start-up check, idleness, client aborts)."""
+and the scheduler-wide parts of decode-local prefill (start-up check, idleness, in-flight batches, client
+aborts)."""
 
 from __future__ import annotations
 
@@ -158,9 +159,23 @@ def after_is_fully_idle(result, scheduler, for_health_check=False, ignore_waitin
     return bool(result) and current().local_prefill.num_pending() == 0
 
 
+def after_collect_inflight_batches(result, scheduler):
+    """The bound local extend batch is in flight until it joins the running batch: list it with SGLang's.
+
+    Upstream looks for running requests only in running_batch and last_batch. Once the overlap loop has
+    processed the extend's result and launched the next decode, the extend batch is neither, so its local
+    requests (and, when mixed, the running requests folded into it; running_batch is empty until the
+    join) were invisible to SGLang's abort, which then let them decode to max_new_tokens, and to its
+    SGLANG_REQ_RUNNING_TIMEOUT scan. Listed here, SGLang's own abort sets their `to_finish` and they
+    finish through its normal path after the join (one release of row, pages and lock)."""
+    batch = current().local_prefill.extend_batch()
+    return result if batch is None else [*result, batch]
+
+
 def after_abort_request(result, scheduler, recv_req):
     """A client abort also reaches requests queued for a local extend: answered, row, pages and lock given
-    back. One already in the extend batch is SGLang's running-batch abort; only its state is recorded."""
+    back. One already in the extend batch is SGLang's running-batch abort (the batch is among its in-flight
+    batches, `after_collect_inflight_batches`); only its state is recorded here."""
     from sglang.srt.managers.schedule_batch import FINISH_ABORT
     from sglang.srt.managers.scheduler import _make_abort_req
 

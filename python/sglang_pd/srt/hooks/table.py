@@ -213,7 +213,18 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
     HookSpec(
         f"{_DISAGG}.decode.DecodePreallocQueue._active_req_count", "AFTER",
         decode_prealloc_queue.after_active_req_count, ProcessKind.SCHEDULER,
-        "admission reserves decode headroom for local-prefill requests, which sit in none of SGLang's queues"),
+        "admission reserves decode headroom for local-prefill requests, which sit in none of SGLang's queues, "
+        "and for running requests inside a mixed local extend (running_batch is empty until its join)"),
+    HookSpec(
+        f"{_DISAGG}.decode.DecodePreallocQueue._need_space_for_single_req", "AROUND",
+        decode_prealloc_queue.around_need_space_for_single_req, ProcessKind.SCHEDULER,
+        "running requests inside a mixed local extend count as running until its join: retractable, and the "
+        "largest one's room to finish kept (upstream's figure from an empty running_batch was 0)"),
+    HookSpec(
+        f"{_DISAGG}.decode.DecodePreallocQueue._required_admission_tokens", "AROUND",
+        decode_prealloc_queue.around_required_admission_tokens, ProcessKind.SCHEDULER,
+        "a request's admission need counts running requests inside a mixed local extend as retractable, as "
+        "it would with them in running_batch"),
     HookSpec(
         "sglang.srt.managers.scheduler.Scheduler.is_disable_overlap_for_batch", "AFTER",
         scheduler.after_is_disable_overlap_for_batch, ProcessKind.SCHEDULER,
@@ -229,6 +240,12 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
     HookSpec(
         "sglang.srt.managers.scheduler.Scheduler.abort_request", "AFTER", scheduler.after_abort_request,
         ProcessKind.SCHEDULER, "client aborts reach requests queued for a local extend (answered, released)"),
+    HookSpec(
+        "sglang.srt.managers.scheduler.Scheduler._collect_inflight_batches", "AFTER",
+        scheduler.after_collect_inflight_batches, ProcessKind.SCHEDULER,
+        "the local extend batch is in flight until its join: SGLang's running-request abort and "
+        "SGLANG_REQ_RUNNING_TIMEOUT scan find its requests (local and mixed-in running ones; the overlap loop "
+        "had moved last_batch past it, so an abort was lost and they decoded to max_new_tokens)"),
     HookSpec(
         "sglang.srt.layers.attention.torch_native_backend.TorchNativeAttnBackend._run_sdpa_forward_extend", "AROUND",
         attention_backend.around_run_sdpa_forward_extend, ProcessKind.SCHEDULER,
