@@ -28,7 +28,7 @@ from sglang_pd.config import Settings
 from sglang_pd.harness.hostile_peer import PeerIdentity, Templates
 from sglang_pd.srt.disaggregation.guarded_socket import GuardedSocket, SigningSocket
 from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits, Side, check_message
-from sglang_pd.srt.disaggregation.handshake_gate import HandshakeGate, PeerRecord
+from sglang_pd.srt.disaggregation.handshake_gate import HandshakeGate, PeerRecord, PeerRemoval
 from sglang_pd.srt.disaggregation.peer_auth import PeerAuth
 from sglang_pd.srt.state import ProcessKind, build_state, current, install, installed
 
@@ -47,6 +47,9 @@ class _Tables:
 
     def endpoint_registered(self, target):
         return tuple(target) == (PEER.ip, PEER.port)
+
+    def forget_peer(self, name):
+        return PeerRemoval.IN_USE  # the one peer is always in use here
 
     def room_claimed(self, room):
         return True

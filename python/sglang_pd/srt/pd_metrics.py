@@ -99,6 +99,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "peer_auth_refused_total": ("counter", "PD handshake messages / bootstrap requests or answers refused for a "
                                            "missing, wrong, stale or replayed auth tag"),
     "handshake_rooms_failed_total": ("counter", "rooms failed because a rejected message named them"),
+    "handshake_peers_forgotten_total": ("counter", "peer registrations forgotten to make room for a new peer in a "
+                                                   "full registration table (unused longest, no room naming them)"),
     "decode_duplicate_rooms_refused_total": ("counter", "decode requests refused because another request on "
                                              "this decode already holds their bootstrap room"),
     "prompt_digest_mismatches_total": ("counter", "prefill requests refused because their room's transfer info "

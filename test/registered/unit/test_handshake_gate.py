@@ -12,7 +12,7 @@ import zmq
 from sglang_pd.harness.hostile_peer import PeerIdentity, PeerSocket, Templates
 from sglang_pd.srt.disaggregation.guarded_socket import GuardedSocket, SigningSocket
 from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits, Side
-from sglang_pd.srt.disaggregation.handshake_gate import HandshakeGate, PeerRecord
+from sglang_pd.srt.disaggregation.handshake_gate import HandshakeGate, PeerRecord, PeerRemoval
 from sglang_pd.srt.disaggregation.peer_auth import PeerAuth
 from sglang_pd.srt.disaggregation.room_expiry import RoomTombstones, UnclaimedRooms
 
@@ -49,6 +49,9 @@ class Host:
 
     def endpoint_registered(self, target):
         return any((r.endpoint, r.port) == tuple(target) for r in self.peers.values())
+
+    def forget_peer(self, name):
+        return PeerRemoval.FORGOTTEN if self.peers.pop(name, None) is not None else PeerRemoval.UNKNOWN
 
     def room_claimed(self, room):
         return room in self.rooms
@@ -605,3 +608,56 @@ def test_a_message_is_screened_before_the_reader_takes_its_hold():
         push.close(linger=0)
         sock.close(linger=0)
         ctx.term()
+
+
+@pytest.mark.parametrize("backend", ["mooncake", "nixl"])
+def test_a_full_registration_table_gives_the_longest_idle_peers_place_to_a_new_one(backend):
+    """SGLang never forgets a registration, and a decode rank that restarts registers under a new name (NIXL:
+    a fresh agent uuid per process): with the table capped, a long-lived prefill refused every new decode
+    once enough had restarted. Full, the table now gives the place of the peer unused longest (at least
+    `peer_idle_s`) and named by no room's transfer info; SGLang's per-peer state goes with it."""
+    from sglang_pd.srt.disaggregation.manager_host import ManagerHost
+
+    class Agent:  # NIXL's agent: which remote agents were removed
+        def __init__(self):
+            self.removed = []
+
+        def remove_remote_agent(self, name):
+            self.removed.append(name)
+
+    def peer(n):
+        return PeerIdentity("127.0.0.1", 40000 + n, f"127.0.0.1:{17000 + n}")  # a new name per decode process
+
+    mgr, clock = Manager(), Clock()
+    mgr.decode_kv_args_table, mgr.agent = {}, Agent()
+    per_peer = {}  # SGLang's per-peer state (NIXL: prepared transfer handles; mooncake: a layout verdict)
+    setattr(mgr, "prep_handles" if backend == "nixl" else "state_layout_rejections", per_peer)
+    lim = FrameLimits(backend, Side.PREFILL, 16, 64, 1 << 20, aux_item_lens=(32,), aux_slots=(8,))
+    host = ManagerHost(mgr, lim)
+    counted = defaultdict(int)
+    g = HandshakeGate(lim, host, None, None, None, clock=clock, max_peers=2, peer_idle_s=600,
+                      on_count=lambda name, n: counted.__setitem__(name, counted[name] + n))
+
+    def register(n):  # the gate, then what SGLang's handler stores for an admitted registration
+        msg = Templates(backend, peer(n)).registration([4096], 2048, num_slots=64)
+        if g.admit(msg, "127.0.0.1") is None:
+            return False
+        mgr.decode_kv_args_table[peer(n).name] = SimpleNamespace(endpoint=peer(n).ip, dst_port=peer(n).port,
+                                                                dst_num_slots=64)
+        per_peer[peer(n).name] = object()
+        return True
+
+    assert register(1) and register(2)
+    clock.now += 300
+    mgr.transfer_infos[7] = {peer(2).name: object()}  # a room of peer 2's, still in SGLang's table
+    assert g.admit(Templates(backend, peer(2)).transfer_info(7, [1, 2]), "127.0.0.1") is not None
+    assert not register(3)  # full, and nobody idle for 600 s: refused as before
+    assert g.counts.rejected == {"registration": 1}
+    clock.now += 400  # peer 1 idle 700 s, peer 2 used 400 s ago
+    assert register(3)  # peer 1's place
+    assert sorted(mgr.decode_kv_args_table) == [peer(2).name, peer(3).name] and sorted(per_peer) == [peer(2).name, peer(3).name]
+    assert mgr.agent.removed == ([peer(1).name] if backend == "nixl" else [])
+    assert counted["handshake_peers_forgotten_total"] == 1
+    clock.now += 1000  # both idle now, but room 7 still names peer 2: peer 3 gives its place
+    assert register(4) and sorted(mgr.decode_kv_args_table) == [peer(2).name, peer(4).name]
+    assert host.forget_peer(peer(2).name) is PeerRemoval.IN_USE and host.forget_peer("nobody") is PeerRemoval.UNKNOWN

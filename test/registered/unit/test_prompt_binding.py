@@ -7,7 +7,7 @@ import pytest
 from sglang_pd.harness.hostile_peer import PeerIdentity, Templates
 from sglang_pd.srt.disaggregation.frame_fields import FrameError
 from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits, Side
-from sglang_pd.srt.disaggregation.handshake_gate import HandshakeGate, PeerRecord
+from sglang_pd.srt.disaggregation.handshake_gate import HandshakeGate, PeerRecord, PeerRemoval
 from sglang_pd.srt.disaggregation.prompt_binding import (DIGEST_BYTES, MARKER, OutgoingDigests, PromptDigests,
                                                          digest_frame, prompt_digest, split_digest)
 from sglang_pd.srt.disaggregation.room_expiry import RoomTombstones, UnclaimedRooms
@@ -119,6 +119,9 @@ class Host:
 
     def endpoint_registered(self, target):
         return any((r.endpoint, r.port) == tuple(target) for r in self.peers.values())
+
+    def forget_peer(self, name):
+        return PeerRemoval.IN_USE
 
     def room_claimed(self, room):
         return True

@@ -7,7 +7,8 @@ Steps, in order:
   2. schema (`handshake_frames.check_message`): every frame a reader later touches;
   3. state: a transfer info must name a registered peer at the endpoint it registered (prefill's
      transfer worker looks it up), so must the reply address of an ABORT / decline / BOOTSTRAP (prefill
-     answers there), the registration table is bounded, AUX_DATA must name a room
+     answers there), the registration table is bounded (when full, the peer unused longest, for at least
+     `peer_idle_s`, gives its place: a restarted decode rank registers under a new name), AUX_DATA must name a room
      decode is waiting on; prefill: a transfer info for a room whose own request already failed here
      (and was cleared) is too late;
   4. a rejected message with a readable room fails that room (prefill: decode told when it names a
@@ -24,6 +25,7 @@ under a lock).
 from __future__ import annotations
 
 import base64
+import enum
 import logging
 import threading
 import time
@@ -40,6 +42,7 @@ from sglang_pd.srt.disaggregation.room_expiry import RoomTombstones, UnclaimedRo
 
 logger = logging.getLogger(__name__)
 MAX_PEERS_LOGGED = 1024
+PEER_IDLE_S = 600.0  # a registration no message used for this long may give its place to a new peer
 MAX_MESSAGE_FRAMES = MAX_FRAMES + TRAILER_FRAMES + 1  # the longest schema, our auth trailer, the prompt digest
 SUMMARY_INTERVAL_S = 60.0
 
@@ -62,6 +65,14 @@ class Screened(NamedTuple):
     verdict: Verdict
 
 
+class PeerRemoval(enum.Enum):
+    """What `GateHost.forget_peer` did."""
+
+    FORGOTTEN = "forgotten"   # removed from SGLang's registration table (and NIXL's remote agents)
+    IN_USE = "in_use"         # a room's transfer info still names it: kept
+    UNKNOWN = "unknown"       # not registered (SGLang did not store it, or it was forgotten before)
+
+
 class GateHost(Protocol):
     """The KV manager as the gate sees it (implemented over SGLang's manager by the hook layer)."""
 
@@ -71,6 +82,7 @@ class GateHost(Protocol):
     def room_claimed(self, room: int) -> bool: ...
     def fail_room(self, room: int, reason: str, notify: tuple[str, int] | None) -> bool: ...
     def drop_unclaimed(self, room: int, reason: str) -> bool: ...
+    def forget_peer(self, name: str) -> PeerRemoval: ...
     def prune(self) -> None: ...
     def send_drained_tells(self) -> tuple[list[int], list[int]]: ...
 
@@ -103,6 +115,7 @@ class HandshakeGate:
     def __init__(self, limits: FrameLimits, host: GateHost, auth: PeerAuth | None,
                  unclaimed: UnclaimedRooms | None, tombstones: RoomTombstones | None,
                  on_count: Callable[[str, int], None] = lambda name, n: None, max_peers: int = 1024,
+                 peer_idle_s: float = PEER_IDLE_S,
                  clock: Callable[[], float] = time.monotonic, capture: bool = False,
                  digests: PromptDigests | None = None, failed_rooms: RoomTombstones | None = None):
         self.limits, self.host, self.auth = limits, host, auth
@@ -114,7 +127,11 @@ class HandshakeGate:
             f"sglang_pd: prefill dropped the room: no prefill request claimed it within {unclaimed.ttl_s:g} s of "
             f"decode's transfer info (SGLANG_PD_UNCLAIMED_ROOM_TTL_S) or its unclaimed-room caps were reached")
         self._on_count = on_count
-        self.max_peers = max_peers
+        self.max_peers, self.peer_idle_s = max_peers, peer_idle_s
+        # peer name -> when an admitted registration or transfer info last named it, oldest first: a full
+        # registration table gives the longest-idle peer's place to a new one (a decode rank that restarted
+        # registers under a new name, and SGLang never forgets the old one)
+        self._peer_used: OrderedDict[str, float] = OrderedDict()
         self._clock = clock
         self.counts = GateCounts()
         self._peers: OrderedDict[str, dict] = OrderedDict()
@@ -166,6 +183,8 @@ class HandshakeGate:
             return None
         if verdict.kind is MessageKind.TRANSFER_INFO and self.unclaimed is not None:
             self.unclaimed.note(verdict.room, sum(map(len, body)))
+        if verdict.kind in (MessageKind.REGISTRATION, MessageKind.TRANSFER_INFO) and verdict.peer_name is not None:
+            self._note_used(verdict.peer_name)
         with self._lock:
             self.counts.num_admitted += 1
             if self.captured is not None:
@@ -256,8 +275,10 @@ class HandshakeGate:
                 return (f"transfer info for room {verdict.room} names page {verdict.max_index}, beyond the "
                         f"{record.num_slots} pages peer {verdict.peer_name!r} registered")
         if kind is MessageKind.REGISTRATION:
-            if self.host.registered_peer(verdict.peer_name) is None and self.host.num_registered() >= self.max_peers:
-                return f"registration of {verdict.peer_name!r} refused: {self.max_peers} peers already registered"
+            if (self.host.registered_peer(verdict.peer_name) is None and self.host.num_registered() >= self.max_peers
+                    and not self._forget_an_idle_peer()):
+                return (f"registration of {verdict.peer_name!r} refused: {self.max_peers} peers already registered, "
+                        f"none idle for {self.peer_idle_s:g} s")
         if (kind in _ANSWERED_AT_REPLY_TO and self.limits.side is Side.PREFILL and verdict.reply_to is not None
                 and not self.host.endpoint_registered(verdict.reply_to)):
             # upstream answers it there (ABORT_ACK; a deferred bootstrap's status), through a socket it opens
@@ -268,6 +289,32 @@ class HandshakeGate:
         if kind is MessageKind.AUX_DATA and not self.host.room_claimed(verdict.room):
             return f"AUX_DATA for room {verdict.room}, which this decode is not waiting on"
         return None
+
+    def _note_used(self, name: str) -> None:
+        self._peer_used[name] = self._clock()
+        self._peer_used.move_to_end(name)
+        if len(self._peer_used) > 2 * self.max_peers:  # names SGLang did not store: the oldest such one out
+            stale = next((n for n in self._peer_used if self.host.registered_peer(n) is None), None)
+            self._peer_used.pop(stale if stale is not None else next(iter(self._peer_used)))
+
+    def _forget_an_idle_peer(self) -> bool:
+        """Free one place in the full registration table: the longest-idle registered peer that no room's
+        transfer info names, idle for at least `peer_idle_s` (counted, logged). False if none is."""
+        now = self._clock()
+        for name, used in list(self._peer_used.items()):
+            if now - used < self.peer_idle_s:
+                return False  # ordered: every later one was used more recently
+            removal = self.host.forget_peer(name)
+            if removal is PeerRemoval.IN_USE:
+                self._note_used(name)  # a room still names it: idle only from now
+                continue
+            del self._peer_used[name]
+            if removal is PeerRemoval.FORGOTTEN:
+                self._on_count("handshake_peers_forgotten_total", 1)
+                logger.warning("sglang_pd: registration table full (%d peers): forgot peer %r, unused for %.0f s, "
+                               "for a new registration", self.max_peers, name, now - used)
+                return True
+        return False
 
     def _failed_here(self, verdict: Verdict) -> str | None:
         """Prefill: why a transfer info is too late, when its room's own request failed here and was cleared

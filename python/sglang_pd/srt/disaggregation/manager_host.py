@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits, Side
-from sglang_pd.srt.disaggregation.handshake_gate import PeerRecord, registered_endpoint
+from sglang_pd.srt.disaggregation.handshake_gate import PeerRecord, PeerRemoval, registered_endpoint
 
 
 @dataclass
@@ -150,6 +150,22 @@ class ManagerHost:
         infos = list(getattr(self.mgr, "decode_kv_args_table", {}).values())
         return any((str(info.endpoint), int(info.dst_port)) == tuple(target) for info in infos)
 
+    def forget_peer(self, name: str) -> PeerRemoval:
+        """Remove peer `name`'s registration unless a room's transfer info names it (mutates; reading thread,
+        which is where SGLang adds registrations). NIXL: also the state SGLang keeps per remote agent, as
+        its own reload of an invalidated peer drops it, and the agent's metadata."""
+        mgr = self.mgr
+        if name not in mgr.decode_kv_args_table:
+            return PeerRemoval.UNKNOWN
+        if any(name in (infos or {}) for infos in list(mgr.transfer_infos.values())):
+            return PeerRemoval.IN_USE
+        mgr.decode_kv_args_table.pop(name, None)
+        for table in _PER_PEER_TABLES[self.limits.backend]:
+            getattr(mgr, table, {}).pop(name, None)
+        if self.limits.backend == "nixl":
+            mgr.agent.remove_remote_agent(name)
+        return PeerRemoval.FORGOTTEN
+
     def num_registered(self) -> int:
         """Peers registered with this manager (read-only)."""
         return len(getattr(self.mgr, "decode_kv_args_table", {}))
@@ -210,6 +226,15 @@ class ManagerHost:
             view["transfer_info_rooms"] = sorted(int(r) for r in list(self.mgr.transfer_infos))[:64]
             view["registered_peers"] = sorted(list(self.mgr.decode_kv_args_table))[:64]
         return view
+
+
+# What SGLang 0.5.23's managers keep per registered peer besides decode_kv_args_table (NIXL: the entries its
+# own reload of an invalidated agent drops, and the state-layout verdict)
+_PER_PEER_TABLES = {
+    "mooncake": ("state_layout_rejections",),
+    "nixl": ("prep_handles", "prep_handles_slice_dst", "_prepared_state_plans", "_state_layout_rejections",
+             "_peer_reload_times"),
+}
 
 
 def registered_targets(infos: dict, registered_peer) -> list[tuple[str, int]]:
