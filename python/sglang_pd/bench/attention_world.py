@@ -70,8 +70,6 @@ class DecodeWorld:
         self.seq_lens: list[int] = []
         self.row_ids: list[int] = []
         self.rids: list[str] = []
-        self._next_row = 0
-        self._free_rows: list[int] = []  # req_to_token rows of retired requests, reused as SGLang reuses them
         self._num_added = 0
 
     def shared_backend(self, stats: SharedAttentionStats, min_reads_saved: int | None = None):
@@ -124,13 +122,10 @@ class DecodeWorld:
         return self.add_row(row)
 
     def add_row(self, row: torch.Tensor) -> int:
-        """A running request whose row is exactly `row` (its last slot takes this step's token); it
-        takes a retired request's req_to_token row if there is one. Returns its batch position (last)."""
-        if self._free_rows:
-            index = self._free_rows.pop()
-        else:
-            index = self._next_row
-            self._next_row += 1
+        """A running request whose row is exactly `row` (its last slot takes this step's token), in a
+        req_to_token row from SGLang's own ReqToTokenPool.alloc_rows (a retired request's row first,
+        its generation bumped). Returns its batch position (last)."""
+        index = self._alloc_row()
         self.rows.req_to_token[index, :len(row)] = row.to(self.rows.req_to_token.dtype)
         self.row_ids.append(index)
         self.seq_lens.append(len(row))
@@ -141,8 +136,24 @@ class DecodeWorld:
     def retire(self, position: int) -> None:
         """The request at batch `position` finished: it leaves the batch and its req_to_token row is
         free for a later request (its KV slots stay allocated; the pool is sized for a whole run)."""
-        self._free_rows.append(self.row_ids[position])
+        self.rows.free_rows([self.row_ids[position]])
         self.remove(position)
+
+    def readmit(self, position: int) -> None:
+        """The request at batch `position` was retracted and is admitted again under its rid, keeping its
+        place in the batch and its slots: its row is freed and allocated anew (SGLang hands back the row
+        just freed, its generation bumped); the row's slots are written again."""
+        old = self.row_ids[position]
+        row = self.rows.req_to_token[old, :self.seq_lens[position]].clone()
+        self.rows.free_rows([old])
+        self.row_ids[position] = self._alloc_row()
+        self.rows.req_to_token[self.row_ids[position], :len(row)] = row
+
+    def _alloc_row(self) -> int:
+        rows = self.rows.alloc_rows(1)
+        if rows is None:
+            raise MemoryError(f"ReqToTokenPool has no free row (size {self.rows.size})")
+        return rows[0]
 
     def advance(self) -> None:
         """The next decode step: every request gets one more slot, which takes that step's token."""

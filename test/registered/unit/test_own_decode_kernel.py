@@ -1,7 +1,10 @@
 """The own-part C kernel on its own: each request's attention over its own pool slots, merged into
 accumulators, against plain softmax attention on the same keys (real SGLang KV pool buffers; scattered
 slots, empty own parts, MHA/GQA/MQA, float32/bfloat16/float16 pools), the CSR of own slots, the
-errors it raises, and the start-up refusal when no C compiler can build it (fresh interpreters)."""
+errors it raises, and the start-up refusals (fresh interpreters): no C compiler that builds it, a `$CC`
+that links with -ffast-math (flush-to-zero), a kernel that computes wrong values (the self-test, also
+on its own with wrong callables); and a `$CC` adding fast-math or reassociation flags still gets a
+correct kernel."""
 
 import os
 import subprocess
@@ -114,3 +117,87 @@ def test_the_kernel_builds_here_with_the_native_flag():
     assert "-march=native" in info["flags"] and info["native_refused"] == ""
     done = _in_fresh_interpreter("from sglang_pd.srt.disaggregation import own_decode_kernel as k; k.main()")
     assert done.returncode == 0 and "'compiler'" in done.stdout, done.stderr
+
+
+def _wrapper(folder, name: str, body: str) -> str:
+    """A `$CC` wrapper script around gcc (what a user's CC may be)."""
+    path = folder / name
+    path.write_text(f"#!/bin/sh\n{body}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+_CHECK_IN_FRESH = (
+    "import torch\n"
+    "from sglang_pd.srt.disaggregation.own_decode_kernel import OwnDecodeKernel, OwnSlots, KernelBuildError\n"
+    "try:\n    kernel = OwnDecodeKernel()\nexcept KernelBuildError as exc:\n    print('REFUSED', exc)\n    raise SystemExit\n"
+    "print('FLAGS', kernel.describe()['flags'])\n"
+    "gen = torch.Generator().manual_seed(5)\n"  # the audit's repro: one request, 40 scattered slots, GQA 4/2
+    "k, v = torch.randn(2, 64, 2, 32, generator=gen)\n"
+    "q = torch.randn(1, 4, 32, generator=gen) * 32 ** -0.5 * 3\n"
+    "slots = torch.randperm(64, generator=gen)[:40]\n"
+    "o, lse = torch.zeros(1, 4, 32), torch.full((1, 4), float('-inf'))\n"
+    "kernel.merge_own(q, k, v, OwnSlots(torch.tensor([0, 40]), slots.to(torch.int32)), o, lse)\n"
+    "keys, values = (b[slots].repeat_interleave(2, dim=1).transpose(0, 1) for b in (k, v))\n"
+    "ref = torch.einsum('hn,hnd->hd', torch.softmax(torch.einsum('hd,hnd->hn', q[0], keys), -1), values)\n"
+    "print('MAXDIFF', float((o[0] - ref).abs().max()))\n")
+
+
+@pytest.mark.parametrize("command", ['exec gcc -ffast-math "$@"',
+                                     'exec gcc "$@" -fassociative-math -fno-signed-zeros -fno-trapping-math'],
+                         ids=["fast-math-first", "reassociation-last"])
+def test_a_cc_that_adds_fast_math_still_builds_a_correct_kernel(tmp_path, command):
+    """-ffast-math once folded the exp's rounding away (max |diff| 0.3 here): -fno-fast-math comes after a
+    wrapper's leading flags, and the rounding is one that reassociation flags put after ours (no
+    fast-math link) cannot fold either."""
+    compiler = _wrapper(tmp_path, "cc-fast", command)
+    done = _in_fresh_interpreter(_CHECK_IN_FRESH, CC=compiler)
+    assert done.returncode == 0, done.stderr
+    assert "REFUSED" not in done.stdout and "-fno-fast-math" in done.stdout, done.stdout
+    assert float(done.stdout.split("MAXDIFF")[1]) <= TOLERANCE, done.stdout
+
+
+def test_a_cc_that_links_with_fast_math_is_refused_at_start_up(tmp_path):
+    """-ffast-math after our flags links a start-up routine that sets flush-to-zero in the loading thread
+    (every later torch op changes): refused, naming the compiler and flags."""
+    compiler = _wrapper(tmp_path, "cc-fast-last", 'exec gcc "$@" -ffast-math')
+    done = _in_fresh_interpreter(_CHECK_IN_FRESH, CC=compiler)
+    assert done.returncode == 0, done.stderr
+    assert f"REFUSED {compiler} -O3" in done.stdout and "flush-to-zero" in done.stdout, done.stdout
+
+
+def test_a_kernel_that_computes_wrong_values_is_refused_at_start_up(tmp_path):
+    """A broken variant of the kernel (the exp's k left unrounded: what -ffast-math made of the old
+    rounding) compiles and loads, and the start-up self-test refuses it by compiler and flags."""
+    from sglang_pd.srt.disaggregation.own_decode_kernel import SOURCE
+
+    source = SOURCE.read_text()
+    broken = source.replace("rintf(xc * 1.44269504088896341f)", "(xc * 1.44269504088896341f)")
+    assert broken != source
+    (tmp_path / "broken.c").write_text(broken)
+    compiler = _wrapper(tmp_path, "cc-broken", f'for arg do\n  shift\n  case $arg in *own_decode.c) '
+                                               f'arg={tmp_path}/broken.c;; esac\n  set -- "$@" "$arg"\ndone\nexec gcc "$@"')
+    done = _in_fresh_interpreter(_CHECK_IN_FRESH, CC=compiler)
+    assert done.returncode == 0, done.stderr
+    assert f"REFUSED {compiler} -O3" in done.stdout and "computes wrong values" in done.stdout, done.stdout
+
+
+def test_the_self_test_passes_the_kernel_and_names_what_a_wrong_one_gets_wrong():
+    from sglang_pd.srt.disaggregation.own_decode_kernel import self_test_problem
+
+    kernel = OwnDecodeKernel()
+    assert self_test_problem(kernel.merge_own) is None
+
+    def does_nothing(q, k_buf, v_buf, own, acc_o, acc_lse):
+        pass
+
+    def slightly_off(q, k_buf, v_buf, own, acc_o, acc_lse):
+        kernel.merge_own(q, k_buf, v_buf, own, acc_o, acc_lse)
+        acc_o[0, 0, 0] += 1e-3
+
+    def nan_lse(q, k_buf, v_buf, own, acc_o, acc_lse):
+        kernel.merge_own(q, k_buf, v_buf, own, acc_o, acc_lse)
+        acc_lse[1, 0] = float("nan")
+
+    for wrong in (does_nothing, slightly_off, nan_lse):
+        assert "2/2 heads: max |diff|" in self_test_problem(wrong), wrong.__name__

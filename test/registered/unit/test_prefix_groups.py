@@ -52,13 +52,18 @@ def test_sharing_that_ends_mid_page_is_cut_at_the_last_identical_slot():
     assert g.own_starts == (21, 21)
 
 
-def test_request_entirely_inside_the_shared_prefix_has_an_empty_own_part():
+def test_a_request_whose_earlier_row_is_inside_the_shared_prefix_reads_only_its_last_slot_in_place():
+    """Request 0's 23 earlier slots are the start of the others' rows; its 24th (this forward's token,
+    stored by each layer after the segments were gathered) is never shared, even where the others'
+    rows hold the same slot there."""
     prefix = list(range(10, 50))
     rows, lens = _rows([prefix[:24], prefix + [1], prefix + [2, 3]])
     g = find_prefix_groups(rows, lens)
-    assert _spans(g) == [(0, 24, (0, 1, 2)), (24, 40, (1, 2))]
-    assert g.own_lens() == [0, 1, 2]
+    assert _spans(g) == [(0, 23, (0, 1, 2)), (23, 40, (1, 2))]
+    assert g.own_lens() == [1, 1, 2]
     assert g.coverage_problems() == []
+    g = find_prefix_groups(*_rows([prefix, prefix]))  # two rows alike to the end: the last column stays apart
+    assert _spans(g) == [(0, 39, (0, 1))] and g.own_lens() == [1, 1]
 
 
 def test_same_slots_in_another_order_or_position_are_not_shared():
@@ -114,6 +119,7 @@ def test_random_sharing_trees_are_covered_exactly_and_every_segment_is_identical
         assert list(seg.members) == sorted(set(seg.members))  # ascending: the decoder relies on it
         for m in seg.members:
             assert rows[m, seg.start:seg.end].tolist() == seg.slots.tolist()
+            assert seg.end <= lens[m] - 1  # this forward's token is read in place, never from a segment
 
 
 def test_bad_inputs_are_refused():

@@ -4,7 +4,9 @@ Every case builds real MHATokenToKVPool / ReqToTokenPool / paged allocator / Rad
 (bench/attention_world.py), gives requests the rows decode gives them (prefixes matched in the
 tree, or rows written slot by slot for the mid-page and inside-the-prefix cases), runs one decode
 step of every layer through both backends with the same q/k/v, and requires max |diff| <= 1e-5
-(fp32) and the grouping the case is about (so equality is never the result of not sharing).
+(fp32) and the grouping the case is about (so equality is never the result of not sharing). Ours runs
+first in every step, on a pool that does not hold this step's K/V yet, as in a server: a slot read
+before the layer stores it would show (torch_native first would have stored it for us).
 """
 
 import random
@@ -66,15 +68,29 @@ def mid_page(world, rng) -> int:
 
 
 def inside_prefix(world, rng) -> int:
-    """Request 0's whole row (40 slots) is the start of the others' rows."""
+    """Request 0's whole earlier row (39 slots) is the start of the others' rows; its token this step
+    has a slot of its own, as every decode token has: segments [0, 39) for all three, [39, 100) for 1 and 2."""
     run = world.alloc(_pages(world, 100))
-    world.add_row(run[:40])
+    world.add_row(torch.cat([run[:39], world.alloc(1)]))
     world.add_row(torch.cat([run[:100], world.alloc(6)]))
     world.add_row(torch.cat([run[:100], world.alloc(1)]))
     return 2
 
 
-SCENARIOS = {f.__name__: f for f in (no_sharing, one_group, several_groups, mid_page, inside_prefix)}
+def alike_to_the_end(world, rng) -> int:
+    """Requests 0 and 1 have the same 40 slots, this step's included, and request 2's row starts with
+    them. No server gives two requests one current slot; here it checks that a row's last column, whose
+    K/V the layer stores during the forward, is never in a segment gathered before that store: the
+    segment is [0, 39), then each reads on in place."""
+    run = world.alloc(_pages(world, 100))
+    world.add_row(run[:40])
+    world.add_row(run[:40])
+    world.add_row(torch.cat([run[:100], world.alloc(1)]))
+    return 1
+
+
+SCENARIOS = {f.__name__: f for f in (no_sharing, one_group, several_groups, mid_page, inside_prefix,
+                                     alike_to_the_end)}
 
 
 def _world(geometry: str, page_size: int, seed: int = 0, min_reads_saved: int | None = 0) -> DecodeWorld:
@@ -88,8 +104,8 @@ def _max_diff(world: DecodeWorld, steps: int = 2) -> float:
     diff = 0.0
     for _ in range(steps):  # the second step re-plans the same batch and reuses the workspace
         batch, inputs = world.decode_batch(), world.step_inputs()
+        shared = world.run_step(world.shared, batch, inputs)  # first: this step's K/V not yet stored
         plain = world.run_step(world.plain, batch, inputs)
-        shared = world.run_step(world.shared, batch, inputs)
         diff = max(diff, max(float((a - b).abs().max()) for a, b in zip(plain, shared)))
     return diff
 
@@ -106,6 +122,8 @@ def test_shared_prefix_decode_equals_torch_native(scenario, geometry, page_size)
     assert step.num_groups == expected_groups, step
     if scenario == "mid_page":  # the shared run is cut at the last identical slot, inside a page
         assert step.num_shared_tokens == 37
+    if scenario == "alike_to_the_end":  # the last column (slot 39) stays out of the segment
+        assert step.num_shared_tokens == 39
     assert diff <= TOLERANCE
     assert world.stats.counters.values["shared_attn_decode_steps_total"] == 2
     assert world.stats.counters.values["shared_attn_kv_reads_saved_tokens_total"] == 2 * step.num_reads_saved
@@ -151,12 +169,37 @@ def test_sliding_window_layers_fall_back_to_the_wrapped_backend_and_are_counted(
     world.layers = [RadixAttention(g.num_q_heads, g.head_dim, g.head_dim ** -0.5, g.num_kv_heads, layer_id=i,
                                    sliding_window_size=24) for i in range(g.num_layers)]
     batch, inputs = world.decode_batch(), world.step_inputs()
-    plain = world.run_step(world.plain, batch, inputs)
     shared = world.run_step(world.shared, batch, inputs)
+    plain = world.run_step(world.plain, batch, inputs)
     assert all(torch.equal(a, b) for a, b in zip(plain, shared))
     counters = world.stats.counters.values
     assert counters[fallback_metric(FallbackReason.SLIDING_WINDOW)] == g.num_layers
     assert world.stats.snapshot()["fallback_layer_calls"]["sliding_window"] == g.num_layers
+
+
+def test_a_beam_search_batch_falls_back_to_the_wrapped_backend_and_is_counted():
+    """SGLang's beam search (beam_search/batch_tail.py) appends each group's member rows after the
+    requests' rows in req_pool_indices / seq_lens (seq_len: the leader's) and leaves rids one per
+    request: a batch wider than its rids is served by torch_native, every layer counted."""
+    world = _world("gqa", 1)
+    rng = random.Random(0)
+    system = random_tokens(48, rng)
+    world.cache_prefix(system)
+    leader = world.add_request(world.matched_slots(system + random_tokens(3, rng)), 12)
+    world.add_request(world.matched_slots(system + random_tokens(3, rng)), 30)
+    prompt = world.rows.req_to_token[world.row_ids[leader], :50].to(torch.int64)
+    for _ in range(2):  # member rows: the leader's prompt KV, then generated tokens of their own
+        world.add_row(torch.cat([prompt, world.alloc(world.seq_lens[leader] - 50)]))
+    batch, inputs = world.decode_batch(), world.step_inputs()
+    batch.rids = batch.rids[:2]
+    shared = world.run_step(world.shared, batch, inputs)
+    plain = world.run_step(world.plain, batch, inputs)
+    assert all(torch.equal(a, b) for a, b in zip(plain, shared))
+    assert world.shared.plan is None
+    counters = world.stats.counters.values
+    assert counters[fallback_metric(FallbackReason.BEAM_SEARCH)] == len(world.layers)
+    assert counters["shared_attn_decode_steps_total"] == 0
+    assert world.stats.snapshot()["fallback_layer_calls"]["beam_search"] == len(world.layers)
 
 
 def _extend_batch(world: DecodeWorld, num_new: int):

@@ -7,6 +7,7 @@ fp32), and first asserts the state the case is about: the grouping of the step, 
 in place, the segment cache reused or gathered again. Own parts are read from the pool every step (no
 state kept for them), so requests leaving and joining, a rewritten slot, a nested branch forming, a
 forward stopped after one layer and a mixed forward are all checked against torch_native directly.
+Ours runs first in every step (and layer), before this step's K/V is stored, as in a server.
 """
 
 import random
@@ -33,10 +34,11 @@ def _counter(world: DecodeWorld, name: str) -> int:
 
 
 def _step(world: DecodeWorld) -> float:
-    """One decode step through both backends; the largest output difference."""
+    """One decode step through both backends, ours first (this step's K/V not yet in the pool); the
+    largest output difference."""
     batch, inputs = world.decode_batch(), world.step_inputs()
-    plain = world.run_step(world.plain, batch, inputs)
     shared = world.run_step(world.shared, batch, inputs)
+    plain = world.run_step(world.plain, batch, inputs)
     return max(float((a - b).abs().max()) for a, b in zip(plain, shared))
 
 
@@ -137,6 +139,27 @@ def test_a_batch_planned_again_without_a_new_token_gathers_its_segment_again():
     assert _counter(world, "segment_gathered_tokens") == 2 * 64
 
 
+def test_requests_readmitted_into_their_rows_gather_their_segment_again():
+    """Every request retracted at once (a pause, a weight update), its KV recomputed, and readmitted under
+    its rid into the row it had, with no decode forward in between: by rid, row and seq_len the next step
+    looks like a continuation, but SGLang's ReqToTokenPool bumped the rows' generation when it allocated
+    them again, so the segment is gathered again and the pool's new KV read."""
+    world = _world()
+    _group(world, random.Random(12), [10, 20])
+    assert _step(world) <= TOLERANCE
+    prefix = world.rows.req_to_token[world.row_ids[0], :64].to(torch.int64)
+    rows_before = list(world.row_ids)
+    for position in range(len(world.row_ids)):
+        world.readmit(position)
+    assert world.row_ids == rows_before  # the same rows: only their generation tells the requests apart
+    for layer in range(len(world.layers)):  # the shared prefix's KV recomputed (new weights)
+        for buf in (world.kv.k_buffer[layer], world.kv.v_buffer[layer]):
+            buf[prefix] = torch.randn((len(prefix), *buf.shape[1:]), generator=world.gen)
+    world.advance()
+    assert _step(world) <= TOLERANCE
+    assert _counter(world, "segment_gathered_tokens") == 2 * 64
+
+
 def test_a_forward_stopped_after_one_layer_leaves_nothing_stale():
     world = _world()
     _group(world, random.Random(7), [10, 20])
@@ -183,13 +206,13 @@ def _mixed_step(world: DecodeWorld, num_new: dict[int, int]) -> float:
                          extend_seq_lens_cpu=lens, rids=list(world.rids))
     g = world.geometry
     diff = 0.0
-    for backend in (world.plain, world.shared):
+    for backend in (world.shared, world.plain):
         backend.init_forward_metadata(batch)
     for layer in world.layers:
         q = torch.randn(sum(lens), g.num_q_heads * g.head_dim, generator=world.gen)
         k, v = torch.randn(2, sum(lens), g.num_kv_heads, g.head_dim, generator=world.gen)
+        shared = world.shared.forward(q, k, v, layer, batch)  # first: stores this layer's K/V itself
         plain = world.plain.forward(q, k, v, layer, batch)
-        shared = world.shared.forward(q, k, v, layer, batch)
         diff = max(diff, float((plain - shared).abs().max()))
     return diff
 

@@ -12,6 +12,11 @@ were compared equal for every member, so a wrong grouping cannot be produced; a 
 costs speed. Token-level comparison is exact where a shared run ends mid-page (a partially filled
 page is not shared past the slots that really match).
 
+A row's last column (seq_len - 1, the slot `out_cache_loc` names) is never in a segment: it takes
+this forward's token, whose K/V each layer stores just before it attends, while a segment's KV is
+gathered once per forward before the first layer runs. That column is always in the own part, read
+in place after the store.
+
 Pure torch on bare tensors, no SGLang import. Read-only: never mutates its inputs.
 """
 
@@ -72,7 +77,7 @@ class PrefixGrouping:
         return sum(seg.num_reads_saved for seg in self.segments)
 
     def own_lens(self) -> list[int]:
-        """Length of each request's own part (0 when a request lies entirely inside a segment)."""
+        """Length of each request's own part (at least its last column when seq_len >= 1)."""
         return [end - start for start, end in zip(self.own_starts, self.seq_lens)]
 
     def coverage_problems(self) -> list[str]:
@@ -105,7 +110,8 @@ def find_prefix_groups(rows: torch.Tensor, seq_lens: Sequence[int], min_shared_l
     """Group the batch by the KV slots its rows share, as a tree of segments.
 
     `rows[i, :seq_lens[i]]` are request i's KV slots (e.g. req_to_token[req_pool_indices]); columns
-    past seq_lens[i] are never read. A run shared by m >= 2 requests becomes a segment when it is at
+    past seq_lens[i] are never read, and column seq_lens[i] - 1 (this forward's token) is never
+    shared (module docstring). A run shared by m >= 2 requests becomes a segment when it is at
     least `min_shared_len` tokens long and saves at least `min_reads_saved` token reads ((m - 1) x its
     length: a segment costs a kernel call of its own per layer, which a few saved reads do not pay
     for); other runs stay in the requests' own parts (or in a longer nested segment below them).
@@ -119,6 +125,7 @@ def find_prefix_groups(rows: torch.Tensor, seq_lens: Sequence[int], min_shared_l
     if len(seq_lens) != rows.shape[0] or (seq_lens and max(seq_lens) > rows.shape[1]):
         raise ValueError(f"rows {tuple(rows.shape)} do not hold seq_lens {seq_lens}")
     own_starts = [0] * len(seq_lens)
+    shareable_lens = tuple(max(n - 1, 0) for n in seq_lens)  # the last column stays in the own part
     segments: list[SharedSegment] = []
     # (members, compared: columns [0, compared) are known equal in all members, pending: first column
     # not yet in an emitted segment)
@@ -128,22 +135,22 @@ def find_prefix_groups(rows: torch.Tensor, seq_lens: Sequence[int], min_shared_l
         if len(members) == 1:
             own_starts[members[0]] = pending
             continue
-        end = compared + common_run(rows, members, compared, min(seq_lens[m] for m in members))
+        end = compared + common_run(rows, members, compared, min(shareable_lens[m] for m in members))
         if end - pending >= min_shared_len and (len(members) - 1) * (end - pending) >= min_reads_saved:
             segments.append(SharedSegment(pending, end, members, rows[members[0], pending:end].to(torch.int64)))
             pending = end
-        stack.extend((bucket, end + 1, pending) for bucket in _split_at(rows, members, seq_lens, end,
+        stack.extend((bucket, end + 1, pending) for bucket in _split_at(rows, members, shareable_lens, end,
                                                                           own_starts, pending))
     return PrefixGrouping(tuple(segments), tuple(own_starts), seq_lens)
 
 
-def _split_at(rows: torch.Tensor, members: tuple[int, ...], seq_lens: tuple[int, ...], column: int,
+def _split_at(rows: torch.Tensor, members: tuple[int, ...], shareable_lens: tuple[int, ...], column: int,
               own_starts: list[int], pending: int) -> list[tuple[int, ...]]:
-    """Members that end at `column` get own_start `pending` (mutates own_starts); the others are
-    bucketed by their slot at `column` (members of a bucket share it)."""
+    """Members whose shareable columns end at `column` get own_start `pending` (mutates own_starts); the
+    others are bucketed by their slot at `column` (members of a bucket share it)."""
     alive = []
     for m in members:
-        if seq_lens[m] > column:
+        if shareable_lens[m] > column:
             alive.append(m)
         else:
             own_starts[m] = pending

@@ -7,10 +7,13 @@ members in every layer of every decode step. Its KV is gathered from the pool on
 [kv heads, tokens, head_dim] tensor per layer (the layout the fused attention kernel reads for all
 members' queries at once); a later forward reuses it when the segment spans the same columns and slots
 and at least one member of it then is a member now and continuing. Why that proves the KV unchanged:
-a continuing request (in the previous decode forward with seq_len one less, same rid and
-req_to_token row) never left SGLang's running batch in between (finishing, aborting and retraction
-all leave it out of the next forward; SGLang retracts only while it keeps at least one request
-running), so it held those slots all along, and SGLang never rewrites a held slot's KV. An entry no
+a continuing request (in the previous decode forward with seq_len one less, same rid, req_to_token
+row and row generation) never left SGLang's running batch in between (finishing, aborting and
+retraction all leave it out of the next forward; SGLang retracts only while it keeps at least one
+request running), so it held those slots all along, and SGLang never rewrites a held slot's KV. The
+row generation (ReqToTokenPool.req_generation, bumped by SGLang on every allocation of a row) covers
+what the rest cannot: every request retracted at once (a pause or weight update), its KV recomputed,
+and readmitted under its rid into the row it had, with no decode forward in between. An entry no
 forward used is dropped, so the cache holds at most the KV of the latest forward's segments.
 
 Pure torch, no SGLang import. Not thread-safe: the scheduler thread owns it.
@@ -27,10 +30,12 @@ from sglang_pd.srt.disaggregation.prefix_groups import SharedSegment
 
 
 class RequestKey(NamedTuple):
-    """Who a batch position is: SGLang's request id and its req_to_token row."""
+    """Who a batch position is: SGLang's request id, its req_to_token row and that row's allocation
+    count (ReqToTokenPool.req_generation: a readmitted request in the same row is another key)."""
 
     rid: str
     req_pool_index: int
+    row_generation: int
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ class FallbackReason(str, enum.Enum):
     LOGIT_CAP = "logit_cap"              # the layer caps logits (tanh soft-cap)
     ENCODER_LENS = "encoder_lens"        # the batch carries encoder tokens before the decoder's
     SWA_KV_POOL = "swa_kv_pool"          # hybrid SWA KV pool: per-layer slot translation
+    BEAM_SEARCH = "beam_search"          # beam-search member rows ride the batch past its rids (no request id)
 
 
 def fallback_metric(reason: FallbackReason) -> str:

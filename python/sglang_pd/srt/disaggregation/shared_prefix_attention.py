@@ -10,9 +10,9 @@ For a batch whose requests share KV segments (prefix_groups.py), per layer:
   the whole batch (own_decode_kernel.py), which merges it into those accumulators.
 A request in no segment takes only the own-part path.
 
-`SharedPrefixDecoder` keeps what lives across forwards: which request was in the previous decode
-forward with which seq_len (the segment cache reuses a segment only through a continuing member) and
-the segment cache. Nothing else is kept between steps: own parts are read from the pool every layer.
+`SharedPrefixDecoder` keeps what lives across forwards: which request (rid, row, row generation) was in
+the previous decode forward with which seq_len (the segment cache reuses a segment only through a
+continuing member) and the segment cache. Nothing else is kept between steps: own parts are read from the pool every layer.
 No SGLang import; the plan is immutable and serves every layer of its forward. Scheduler thread only.
 """
 

@@ -12,7 +12,7 @@ The backend wraps SGLang's `TorchNativeAttnBackend` (built from the same model r
   new queries (local_extend_attention.offset_causal_extend);
 - what it does not serve goes to the wrapped backend: decode layer calls counted by reason
   (`FallbackReason`: sliding-window layers, cross attention, logit cap, encoder tokens, hybrid SWA
-  pool), and extend layer calls that are not plain causal self-attention; idle forwards.
+  pool, beam search), and extend layer calls that are not plain causal self-attention; idle forwards.
 
 Refused at start-up (ValueError naming the flag): a device other than CPU (the GPU form is a plan
 in README), a torch without the fused CPU attention kernel (attention_partials.py), no C compiler to
@@ -177,6 +177,11 @@ class SharedPrefixAttnBackend(AttentionBackend):
             self.batch_fallback = FallbackReason.ENCODER_LENS
         elif self.inner.use_sliding_window_kv_pool:
             self.batch_fallback = FallbackReason.SWA_KV_POOL
+        elif forward_batch.rids is not None and len(forward_batch.rids) != forward_batch.batch_size:
+            # SGLang's beam search (beam_search/batch_tail.py) appends its member rows to req_pool_indices
+            # and seq_lens but not to rids: those rows have no request id to follow between steps, and
+            # ForwardBatch carries no other beam marker.
+            self.batch_fallback = FallbackReason.BEAM_SEARCH
         elif mode.is_decode():
             self.plan = self._plan(forward_batch, list(range(forward_batch.batch_size)))
         else:
@@ -192,11 +197,13 @@ class SharedPrefixAttnBackend(AttentionBackend):
         all_seq_lens = (forward_batch.seq_lens_cpu if forward_batch.seq_lens_cpu is not None
                         else forward_batch.seq_lens).tolist()
         seq_lens = [all_seq_lens[i] for i in positions]
-        req_to_token = self.inner.req_to_token_pool.req_to_token
-        pool_indices = forward_batch.req_pool_indices.to(req_to_token.device)[torch.tensor(positions)]
-        rows = req_to_token[pool_indices, :max(seq_lens)]
+        row_pool = self.inner.req_to_token_pool
+        pool_indices = forward_batch.req_pool_indices.to(row_pool.req_to_token.device)[torch.tensor(positions)]
+        rows = row_pool.req_to_token[pool_indices, :max(seq_lens)]
         grouping = find_prefix_groups(rows, seq_lens, self.min_shared_tokens, self.min_reads_saved)
-        keys = [RequestKey(forward_batch.rids[i], idx) for i, idx in zip(positions, pool_indices.tolist())]
+        generations = row_pool.req_generation[pool_indices.cpu()].tolist()  # bumped on every row allocation
+        keys = [RequestKey(forward_batch.rids[i], idx, generation)
+                for i, idx, generation in zip(positions, pool_indices.tolist(), generations)]
         pool = self.inner.token_to_kv_pool
         plan = self.decoder.plan(grouping, rows, keys, [pool.get_key_buffer(i) for i in self.layer_ids],
                                  [pool.get_value_buffer(i) for i in self.layer_ids])

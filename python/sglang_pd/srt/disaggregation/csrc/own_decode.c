@@ -62,10 +62,14 @@ static void prefetch_row(const void *buf, int64_t slot, int64_t row_bytes) {
 /* exp(x) in float32 without libm, so that a loop of them vectorises: Cody-Waite range reduction to
  * x = k ln2 + r, |r| <= ln2 / 2, a degree-6 polynomial for exp(r) (Cephes' expf coefficients; about 1
  * ulp), times 2^k built in the exponent bits. exp(x) = 0 below -87.3 (there float32 turns subnormal;
- * a softmax weight that small is 0 to float32 anyway); NaN stays NaN. x <= 0 here (scores minus their max). */
+ * a softmax weight that small is 0 to float32 anyway); NaN stays NaN. x <= 0 here (scores minus their max).
+ * k is rounded by rintf (one vroundps with -march=native), not by adding and subtracting 1.5 x 2^23: a
+ * reassociating float mode (-ffast-math) folds that pair away and leaves k unrounded (exp then off by up
+ * to 2x), and it cannot fold rintf. The build passes -fno-fast-math as well, and own_decode_kernel.py
+ * checks the loaded kernel against torch before it serves (a miscompile refuses the start). */
 static inline float exp_nonpositive(float x) {
-    const float xc = x < -87.0f ? -87.0f : x;
-    const float kf = (xc * 1.44269504088896341f + 12582912.0f) - 12582912.0f; /* round to nearest */
+    const float xc = x >= -87.0f ? x : -87.0f; /* NaN too: the conversion to int below stays defined */
+    const float kf = rintf(xc * 1.44269504088896341f); /* nearest integer */
     const float r = (xc - kf * 0.693359375f) - kf * -2.12194440e-4f;
     float p = 1.9875691500e-4f;
     p = p * r + 1.3981999507e-3f;
