@@ -71,7 +71,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "tree_lock_unknown_releases_total": ("counter", "releases of a lock the ledger never recorded (passed through)"),
     "tree_lock_refused_transitions_total": ("counter", "lock state changes the lifecycle table does not allow"),
     "tree_locks_outstanding": ("gauge", "radix-tree locks taken and not yet released (lock ledger)"),
-    "integrity_checks_total": ("counter", "check_integrity() runs (every /metrics scrape and /sglang_pd/stats call)"),
+    "integrity_checks_total": ("counter", "check_integrity() runs (before /metrics scrapes, at most one a second, and every /sglang_pd/stats call)"),
     "integrity_failures_total": ("counter", "check_integrity() runs that found a violated invariant"),
     # retraction and admission rounds (radix_resume.py, admission_round.py)
     "decode_retractions_total": ("counter", "running decode requests retracted under memory pressure"),

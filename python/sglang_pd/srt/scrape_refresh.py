@@ -1,33 +1,46 @@
-"""Metrics true at scrape time: recompute on-demand values before /metrics answers.
+"""Metrics true at scrape time (or at most a second before): on-demand values recomputed before /metrics answers.
 
 Some values are computed by a check rather than counted as things happen (the tree integrity check
 that feeds `sglang_pd:integrity_failures_total`). `RefreshBeforeScrape` awaits a refresh (the HTTP
 hook passes one that asks every scheduler for its state, which runs the check) before the wrapped
-app serves a request under `path`, so a scrape reads values computed for it. A refresh that fails
-answers 500 naming the error instead of serving stale figures.
+app serves a request under `path`, so a scrape reads values computed for it, or at most
+`min_interval_s` before it: /metrics is open to anyone who reaches the HTTP port (SGLang serves it
+without the API key), and each refresh is work on every scheduler, so a flood of scrapes must not turn
+into a flood of integrity checks. Refreshes are single-flight (scrapes arriving during one share it)
+and at most one starts per `min_interval_s`. A refresh that fails answers 500 naming the error (to
+every scrape sharing it) instead of serving stale figures.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import time
 from typing import Awaitable, Callable
 
 logger = logging.getLogger(__name__)
+MIN_INTERVAL_S = 1.0
 
 
 class RefreshBeforeScrape:
-    """ASGI middleware: `await refresh()` before serving any HTTP request whose path starts with `path`."""
+    """ASGI middleware: `await refresh()` before serving any HTTP request whose path starts with `path`
+    (shared with scrapes that arrive while it runs; skipped when one completed under `min_interval_s` ago)."""
 
-    def __init__(self, app, refresh: Callable[[], Awaitable[None]], path: str = "/metrics"):
+    def __init__(self, app, refresh: Callable[[], Awaitable[None]], path: str = "/metrics",
+                 min_interval_s: float = MIN_INTERVAL_S, clock: Callable[[], float] = time.monotonic):
         self.app = app
         self.refresh = refresh
         self.path = path
+        self.min_interval_s, self._clock = min_interval_s, clock
+        self._running: asyncio.Future | None = None
+        self._done_at = float("-inf")
+        self.num_refreshes = 0  # refreshes started (read by tests)
 
     async def __call__(self, scope, receive, send):
         if scope.get("type") != "http" or not scope.get("path", "").startswith(self.path):
             return await self.app(scope, receive, send)
         try:
-            await self.refresh()
+            await self._refreshed()
         except Exception as exc:  # a scrape must not look healthy when its figures could not be computed
             logger.exception("sglang_pd: refreshing metrics before a scrape failed")
             body = f"sglang_pd: metrics refresh failed: {type(exc).__name__}: {exc}\n".encode()
@@ -36,3 +49,19 @@ class RefreshBeforeScrape:
             await send({"type": "http.response.body", "body": body})
             return
         return await self.app(scope, receive, send)
+
+    async def _refreshed(self) -> None:
+        """Wait for a refresh: the one running, or a new one unless one completed under min_interval_s ago."""
+        if self._running is None:
+            if self._clock() - self._done_at < self.min_interval_s:
+                return
+            self._running = asyncio.ensure_future(self._refresh_once())
+        await asyncio.shield(self._running)
+
+    async def _refresh_once(self) -> None:
+        self.num_refreshes += 1
+        try:
+            await self.refresh()
+            self._done_at = self._clock()
+        finally:
+            self._running = None

@@ -12,6 +12,7 @@ from lock_checks import in_background
 from sglang_pd.harness import PDDeployment
 from sglang_pd.models import VOCAB_SIZE, model_config
 from sglang_pd.srt.mem_cache.common import kv_to_page_num, page_align_floor
+from sglang_pd.srt.scrape_refresh import MIN_INTERVAL_S
 
 pytestmark = pytest.mark.integration
 
@@ -93,6 +94,7 @@ def test_metrics_are_true_at_scrape_without_any_stats_call(pd_page16: PDDeployme
     primed = [rng.randrange(3, VOCAB_SIZE) for _ in range(48)]
     dep.generate_pd(primed, 8)  # decode holds these 48 tokens: the request below locks them
     first = dep.scrape_metrics(dec)
+    time.sleep(MIN_INTERVAL_S + 0.2)  # a scrape within the interval serves the last refresh's figures
     second = dep.scrape_metrics(dec)
     assert _metric(second, "integrity_checks_total", "decode") > _metric(first, "integrity_checks_total", "decode")
     assert _metric(second, "tree_locks_outstanding", "decode") == 0

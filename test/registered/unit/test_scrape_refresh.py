@@ -1,4 +1,8 @@
-"""RefreshBeforeScrape on a real Starlette app: /metrics answers only after the refresh ran."""
+"""RefreshBeforeScrape on a real Starlette app: /metrics answers only after a refresh ran (single-flight,
+at most one per min_interval_s)."""
+
+import asyncio
+import threading
 
 import pytest
 from starlette.applications import Starlette
@@ -11,7 +15,15 @@ from sglang_pd.srt.scrape_refresh import RefreshBeforeScrape
 pytestmark = pytest.mark.unit
 
 
-def _client(refresh) -> tuple[TestClient, dict]:
+class Clock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self):
+        return self.now
+
+
+def _client(refresh, clock=None) -> tuple[TestClient, dict]:
     seen = {"value": 0}
 
     async def metrics(request):
@@ -24,7 +36,7 @@ def _client(refresh) -> tuple[TestClient, dict]:
         await refresh(seen)
 
     app = Starlette(routes=[Route("/metrics", metrics), Route("/generate", other)])
-    app.add_middleware(RefreshBeforeScrape, refresh=do_refresh)
+    app.add_middleware(RefreshBeforeScrape, refresh=do_refresh, **({"clock": clock} if clock else {}))
     return TestClient(app), seen
 
 
@@ -35,8 +47,10 @@ def test_scrape_serves_what_the_refresh_just_computed():
         calls.append(1)
         seen["value"] += 1  # e.g. the integrity check found one more problem
 
-    client, _ = _client(refresh)
+    clock = Clock()
+    client, _ = _client(refresh, clock)
     assert client.get("/metrics").text == "integrity_failures 1\n"
+    clock.now += 1.0
     assert client.get("/metrics").text == "integrity_failures 2\n"
     assert client.get("/generate").text == "ok" and len(calls) == 2  # other routes never refresh
 
@@ -48,3 +62,36 @@ def test_failed_refresh_answers_500_naming_the_error():
     client, _ = _client(refresh)
     resp = client.get("/metrics")
     assert resp.status_code == 500 and "TimeoutError: scheduler did not answer" in resp.text
+
+
+def test_a_flood_of_scrapes_costs_one_refresh_per_interval():
+    """/metrics is open without the API key and a refresh is work on every scheduler: scrapes arriving while
+    one runs share it, and a scrape within min_interval_s of the last serves what that one computed."""
+    calls, clock, gate = [], Clock(), threading.Event()
+
+    async def refresh(seen):
+        calls.append(1)
+        while not gate.is_set():  # a scheduler round trip in flight
+            await asyncio.sleep(0.01)
+        seen["value"] += 1
+
+    client, _ = _client(refresh, clock)
+    with client:
+        results = []
+        threads = [threading.Thread(target=lambda: results.append(client.get("/metrics").text)) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for _ in range(200):
+            if calls:
+                break
+            threading.Event().wait(0.01)
+        threading.Event().wait(0.2)  # the other scrapes arrive while the first refresh runs
+        assert len(calls) == 1
+        gate.set()
+        for t in threads:
+            t.join(5)
+        assert results == ["integrity_failures 1\n"] * 8 and len(calls) == 1  # one refresh served all eight
+        clock.now += 0.5
+        assert client.get("/metrics").text == "integrity_failures 1\n" and len(calls) == 1  # within the interval
+        clock.now += 0.6
+        assert client.get("/metrics").text == "integrity_failures 2\n" and len(calls) == 2
