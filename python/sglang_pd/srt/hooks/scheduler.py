@@ -98,7 +98,24 @@ def after_init_disaggregation(result, scheduler):
         if problem:  # the operator asked for it: refuse to start rather than serve without it
             raise RuntimeError(f"sglang_pd: SGLANG_PD_LOCAL_PREFILL_TOKENS={state.local_prefill.threshold} "
                                f"cannot run here: {problem}")
+    if role == "decode":
+        problem = slo_problem(state.settings, scheduler.tp_size)
+        if problem:
+            raise RuntimeError(f"sglang_pd: {problem}")
     return result
+
+
+_PER_RANK = ("each tensor-parallel rank would decide on its own (from its own timings), and ranks that decide "
+             "differently run different batches: not supported yet, use --tp-size 1 on decode or unset it")
+
+
+def slo_problem(settings, tp_size: int) -> str:
+    """Why the SLO admission settings cannot run on a decode scheduler of `tp_size` ranks ('' if they can)."""
+    names = [name for name, value in (("SGLANG_PD_ITL_TARGET_MS", settings.itl_target_s),
+                                      ("SGLANG_PD_TTFT_TARGET_MS", settings.ttft_target_s)) if value is not None]
+    if not names or tp_size <= 1:
+        return ""
+    return f"{' and '.join(names)} with --tp-size {tp_size}: {_PER_RANK}"
 
 
 def local_prefill_problem(scheduler, backend: str) -> str:
@@ -109,6 +126,7 @@ def local_prefill_problem(scheduler, backend: str) -> str:
     problems = [
         (not scheduler.spec_algorithm.is_none(), "speculative decoding is not supported"),
         (get_parallel().pp_size > 1, "pipeline parallelism is not supported"),
+        (scheduler.tp_size > 1, f"--tp-size {scheduler.tp_size}: {_PER_RANK}"),
         (scheduler.require_mlp_sync, "DP attention is not supported"),
         (get_disagg().disaggregation_decode_allocation_policy != "early",
          "--disaggregation-decode-allocation-policy must be 'early' (otherwise prefill computes before "
