@@ -20,7 +20,8 @@ from sglang_pd.harness.deployment import new_bootstrap_room
 from sglang_pd.harness.hostile_peer import (PeerIdentity, PeerSocket, Templates, assert_threads_alive,
                                             handshake_view, mutate, random_frames, rank_endpoint, wait_received)
 from sglang_pd.models import VOCAB_SIZE
-from sglang_pd.srt.disaggregation.peer_auth import PeerAuth
+from sglang_pd.srt.disaggregation.handshake_gate import MAX_MESSAGE_FRAMES
+from sglang_pd.srt.disaggregation.peer_auth import TRAILER_FRAMES, PeerAuth
 from sglang_pd.srt.disaggregation.room_decline import DeclineNotice, decline_frames
 
 pytestmark = pytest.mark.integration
@@ -68,12 +69,16 @@ def test_fuzz_rank_socket(dep: PDDeployment, plain_url: str, side: str):
     corpus = _corpus(backend, side, rng)
     before = handshake_view(dep, server)["gate"]
     kinds: Counter = Counter()
-    unsigned = 0
+    unsigned, unread, unsigned_unread = 0, 0, 0
     with PeerSocket(rank_endpoint(dep, server)) as peer:
         for start in range(0, len(corpus), ROUND):
             for i, (kind, frames) in enumerate(corpus[start:start + ROUND], start):
                 sign = auth is not None and i % 10 != 9
                 unsigned += not sign
+                # more frames than any PD message (with trailer and digest): dropped before auth reads it
+                too_long = len(frames) + (TRAILER_FRAMES if sign else 0) > MAX_MESSAGE_FRAMES
+                unread += too_long
+                unsigned_unread += too_long and not sign
                 peer.send(frames, auth if sign else None)
                 kinds[kind] += 1
             view = wait_received(dep, server, before["num_received"] + start + min(ROUND, len(corpus) - start))
@@ -90,7 +95,8 @@ def test_fuzz_rank_socket(dep: PDDeployment, plain_url: str, side: str):
           f"received {received} admitted {admitted} (of which refused by NIXL's metadata load {later}) rejected "
           f"{rejected} auth-refused {refused} kinds {dict(kinds)}")
     assert received == len(corpus) and admitted + rejected + refused == received
-    assert refused == (unsigned if auth else 0)
+    assert gate["num_unread"] - before["num_unread"] == unread
+    assert refused == (unsigned - unsigned_unread if auth else 0)
     assert rejected > len(corpus) // 2, "most mutations must be refused by the frame checks"
     unclaimed = gate.get("unclaimed_rooms")  # prefill only: bytes held for unclaimed rooms, never negative
     if unclaimed is not None:

@@ -99,6 +99,7 @@ class GateCounts:
     num_unsigned_accepted: int = 0   # signed by a peer while this server has no secret (trailer stripped)
     refused_after_admit: dict[str, int] = field(default_factory=dict)  # admitted here, refused by a later check
     num_late_transfer_infos: int = 0  # prefill: transfer infos for a room its own request had failed
+    num_unread: int = 0  # dropped before their frames were read: more frames than any PD message (also in rejected)
 
 
 def registered_endpoint(registered_peer: Callable[[str], PeerRecord | None], name: str,
@@ -198,6 +199,7 @@ class HandshakeGate:
             return False
         with self._lock:
             self.counts.num_received += 1
+            self.counts.num_unread += 1
             key = MessageKind.UNKNOWN.value
             self.counts.rejected[key] = self.counts.rejected.get(key, 0) + 1
         self._on_count("handshake_messages_rejected_total", 1)
@@ -386,7 +388,7 @@ class HandshakeGate:
                 "rejected": dict(counts.rejected), "auth_refused": dict(counts.auth_refused),
                 "num_rooms_failed": counts.num_rooms_failed, "num_unsigned_accepted": counts.num_unsigned_accepted,
                 "refused_after_admit": dict(counts.refused_after_admit),
-                "num_late_transfer_infos": counts.num_late_transfer_infos,
+                "num_late_transfer_infos": counts.num_late_transfer_infos, "num_unread": counts.num_unread,
                 "peers": {p: {**e, "by_reason": dict(e["by_reason"])} for p, e in self._peers.items()},
                 "max_frame_bytes": self.limits.max_frame_bytes, "max_kv_pages": self.limits.max_kv_pages,
             }
