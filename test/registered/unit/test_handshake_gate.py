@@ -210,13 +210,18 @@ def test_one_log_line_per_peer(caplog):
     assert g.snapshot()["peers"]["10.0.0.1"]["dropped"] == 3
 
 
-def test_guarded_socket_returns_only_admitted_frames_and_works_with_pollers():
+def _bound_socket_and_registered_peer():
+    """(ctx, a PULL socket bound on 127.0.0.1, its port, a Host where PEER registered, PeerAuth with KEY)."""
     ctx = zmq.Context()
     raw = ctx.socket(zmq.PULL)
     port = raw.bind_to_random_port("tcp://127.0.0.1")
     host = Host()
     host.peers[PEER.name] = PeerRecord(PEER.ip, PEER.port)
-    auth = PeerAuth([KEY])
+    return ctx, raw, port, host, PeerAuth([KEY])
+
+
+def test_guarded_socket_returns_only_admitted_frames_and_works_with_pollers():
+    ctx, raw, port, host, auth = _bound_socket_and_registered_peer()
     errors = []
     sock = GuardedSocket.around(raw, gate(host, auth=auth), on_error=errors.append, housekeeping_s=0.05)
     push = ctx.socket(zmq.PUSH)
@@ -558,12 +563,7 @@ def test_a_message_is_screened_before_the_reader_takes_its_hold():
     frames than any PD message is dropped before its frames are copied."""
     from sglang_pd.srt.disaggregation.guarded_socket import Between
 
-    ctx = zmq.Context()
-    raw = ctx.socket(zmq.PULL)
-    port = raw.bind_to_random_port("tcp://127.0.0.1")
-    host = Host()
-    host.peers[PEER.name] = PeerRecord(PEER.ip, PEER.port)
-    auth = PeerAuth([KEY])
+    ctx, raw, port, host, auth = _bound_socket_and_registered_peer()
     g = gate(host, auth=auth)
     screening, go = threading.Event(), threading.Event()
     screen = g.screen
