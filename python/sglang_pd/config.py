@@ -182,8 +182,9 @@ SETTINGS: tuple[Setting, ...] = (
             "SCHED_OTHER; 0 (default) leaves every thread as upstream starts it", _flag),
     # Hostile requests (srt/disaggregation/prompt_guard.py).
     Setting(MAX_PARALLEL_SAMPLES, "max_parallel_samples", "128",
-            "every server: a request whose sampling_params.n (parallel samples) exceeds this is refused with HTTP "
-            "400 before SGLang copies it n times (upstream has no cap: n = 10**6 stalls the HTTP process)",
+            "every server: a request whose sampling_params.n (parallel samples) exceeds this, or with n above 1 "
+            "asks for more copies than this of all its prompts together, is refused with HTTP 400 before SGLang "
+            "copies it (upstream has no cap: n = 10**6 stalls the HTTP process)",
             _bounded_count(1, 1_000_000, "parallel samples")),
     Setting(TEST_LOGS, "test_logs", None,
             "tests only: folder where the integration tier keeps server logs and its test peer secret (default: a new "

@@ -173,6 +173,8 @@ def router_argv(args: argparse.Namespace) -> list[str]:
         argv += ["--decode", url]
     if args.api_key:
         argv += ["--api-key", args.api_key]
+    if not any(a.split("=", 1)[0] == "--prometheus-host" for a in args.router_arg):
+        argv += ["--prometheus-host", args.host]  # sglang-router's own default is 0.0.0.0
     return argv + POLICIES[args.policy] + list(args.router_arg)
 
 

@@ -94,6 +94,11 @@ def test_router_command_line_per_policy():
     assert argv[argv.index("--decode-policy") + 1] == "manual"
     rr = lr.router_argv(lr.parse_args(["--prefill", "http://p:1", "--decode", "http://d:2", "--policy", "round_robin"]))
     assert rr[rr.index("--prefill") + 2] == "none" and rr[rr.index("--policy") + 1] == "round_robin"
+    # the router's metrics server binds where the router does (sglang-router's own default is 0.0.0.0)
+    assert argv[argv.index("--host") + 1] == "127.0.0.1" and argv[argv.index("--prometheus-host") + 1] == "127.0.0.1"
+    own = lr.router_argv(lr.parse_args(["--prefill", "http://p:1", "--decode", "http://d:2",
+                                        "--router-arg=--prometheus-host=10.0.0.5"]))
+    assert own.count("--prometheus-host") == 0 and own[-1] == "--prometheus-host=10.0.0.5"
 
 
 def test_bad_prefill_argument_is_refused(capsys):

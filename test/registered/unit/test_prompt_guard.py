@@ -134,3 +134,50 @@ def test_a_rid_that_is_not_a_string_is_named_after_sglang_normalised_the_request
         check_request_ids(good.rid, good.is_single)
     with pytest.raises(ValueError, match="must be a list of strings, one per prompt, for a batch"):
         check_request_ids([1, 2], False)
+
+
+def test_a_batch_with_parallel_samples_counts_every_copy_sglang_makes():
+    """n x prompts is what SGLang copies: a batch of 8,000 one-token prompts with n = 128 was a 32 KB body
+    expanding to 1,024,000 requests. With n above 1 the copies of all prompts together are capped; a batch
+    with n = 1 is not (its body carries every prompt)."""
+    from sglang.srt.managers.io_struct import GenerateReqInput
+
+    from sglang_pd.srt.disaggregation.prompt_guard import check_parallel_samples, num_prompts
+
+    req = GenerateReqInput(input_ids=[[5], [6], [7]], sampling_params={"n": 4, "max_new_tokens": 2})
+    assert num_prompts(req.text, req.input_ids) == 3
+    check_parallel_samples(req.sampling_params, 12, num_prompts(req.text, req.input_ids))
+    req.normalize_batch_and_arguments()
+    assert len(req.rid) == 12  # what the cap counts: 3 prompts x 4
+    with pytest.raises(ValueError, match=r"asks for 1024000 copies of this request's 8000 prompt\(s\), more than 128"):
+        check_parallel_samples({"n": 128}, 128, num_prompts(None, [[0]] * 8000))
+    with pytest.raises(ValueError, match="asks for 130 copies"):
+        check_parallel_samples([{"n": 65}, {"n": 65}], 128, 2)
+    check_parallel_samples({"n": 1}, 128, num_prompts(["a"] * 8000, None))  # no copies beyond the body's
+    assert num_prompts("a", None) == 1 and num_prompts(None, [1, 2, 3]) == 1 and num_prompts(None, None) == 1
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"stop_token_ids": [5, 100000000], "min_new_tokens": 1}, r"stop_token_ids\[1\] = 100000000 must be a token id"),
+    ({"stop_token_ids": [-1]}, r"stop_token_ids\[0\] = -1 must be a token id in \[0, 513\)"),
+    ({"stop_token_ids": [2 ** 70]}, r"stop_token_ids\[0\] = 1180591620717411303424 must be"),
+    ({"stop_token_ids": [True]}, r"stop_token_ids\[0\] = True must be"),
+    ({"top_k": 2 ** 40}, r"top_k 1099511627776 is above 2147483647"),
+    ({"max_new_tokens": None, "min_new_tokens": 2 ** 40}, r"min_new_tokens 1099511627776 is above 2147483647"),
+])
+def test_sampling_fields_that_would_end_the_scheduler_are_named(params, message):
+    """SGLang's verify accepts these and the scheduler then raises (the server ends): a stop id outside the
+    vocabulary indexes the min-new-tokens penalizer's mask; top_k and min_new_tokens go into int32 tensors."""
+    from sglang_pd.srt.disaggregation.prompt_guard import check_sampling_limits
+
+    with pytest.raises(ValueError, match=message):
+        check_sampling_limits(params, 513)
+
+
+def test_sampling_fields_in_range_pass():
+    from sglang_pd.srt.disaggregation.prompt_guard import check_sampling_limits
+
+    for params in (None, "garbage", {}, {"stop_token_ids": [0, 512], "min_new_tokens": 3}, {"top_k": -1},
+                   {"top_k": 2 ** 31 - 1, "min_new_tokens": 2 ** 31 - 1}, {"stop_token_ids": None}):
+        check_sampling_limits(params, 513)
+

@@ -5,11 +5,12 @@ beside it (bootstrap, status listener, transfer workers) have died, so a server 
 pair a single request reported healthy. This ASGI middleware turns a 200 into a 503 naming the dead
 threads, which the callable it is given reports (srt/hooks/http_server.py: the schedulers' thread
 watches over SGLang's get_internal_state channel, and prefill's bootstrap HTTP thread), asked at most
-once a second.
+once a second, concurrent callers sharing one question.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Awaitable, Callable
@@ -26,6 +27,8 @@ class HealthGuardMiddleware:
         self._dead_threads = dead_threads  # name -> role of every dead PD thread of this server
         self._checked_at = 0.0
         self._dead: dict[str, str] = {}
+        self._asking: asyncio.Future | None = None
+        self.num_asked = 0  # questions asked (read by tests)
 
     async def __call__(self, scope, receive, send):
         if scope.get("type") != "http" or scope.get("path") not in HEALTH_PATHS:
@@ -48,7 +51,19 @@ class HealthGuardMiddleware:
         await send({"type": "http.response.body", "body": body})
 
     async def _current_dead(self) -> dict[str, str]:
-        if time.monotonic() - self._checked_at >= CACHE_S:
+        """The dead threads, asked at most once a second; callers that come while it is being asked share
+        that one question (it is a round trip to every scheduler, and /health is open without the API key:
+        200 concurrent calls asked 200 times)."""
+        if self._asking is None and time.monotonic() - self._checked_at >= CACHE_S:
+            self._asking = asyncio.ensure_future(self._ask())
+        if self._asking is not None:
+            await asyncio.shield(self._asking)
+        return self._dead
+
+    async def _ask(self) -> None:
+        self.num_asked += 1
+        try:
             self._dead = await self._dead_threads()
             self._checked_at = time.monotonic()
-        return self._dead
+        finally:
+            self._asking = None

@@ -57,16 +57,61 @@ def check_logprob_start_len(logprob_start_len) -> None:
                          "(-1: no prompt logprobs)")
 
 
-def check_parallel_samples(sampling_params, cap: int) -> None:
+INT32_MAX = 2 ** 31 - 1
+
+
+def check_sampling_limits(sampling_params, vocab_size: int) -> None:
+    """Raise ValueError naming the field unless a request's `stop_token_ids` are token ids in
+    [0, vocab_size) and its `top_k` and `min_new_tokens` fit the int32 tensors SGLang's scheduler puts
+    them in. SGLang's own verify accepts these, then the scheduler raises on them and the server ends:
+    a stop id outside the vocabulary indexes the min-new-tokens penalizer's logits mask, and a top_k or
+    min_new_tokens above 2**31 - 1 overflows building the batch (every batch, prefill and decode)."""
+    if not isinstance(sampling_params, dict):
+        return  # SGLang's own parsing answers a malformed sampling_params
+    stop_ids = sampling_params.get("stop_token_ids")
+    for pos, token_id in enumerate(stop_ids if isinstance(stop_ids, (list, tuple, set)) else ()):
+        if type(token_id) is not int or not 0 <= token_id < vocab_size:
+            raise ValueError(f"sampling_params.stop_token_ids[{pos}] = {token_id!r:.40} must be a token id in "
+                             f"[0, {vocab_size}) (this model's vocabulary)")
+    for name in ("top_k", "min_new_tokens"):
+        value = sampling_params.get(name)
+        if type(value) is int and value > INT32_MAX:
+            raise ValueError(f"sampling_params.{name} {value} is above {INT32_MAX}, the largest the scheduler "
+                             "can hold")
+
+
+def check_parallel_samples(sampling_params, cap: int, num_prompts: int = 1) -> None:
     """Raise ValueError unless every `n` in `sampling_params` (a dict, a list of dicts, or None, as the
-    request carries it before SGLang normalises it) is absent or an integer in [1, cap], naming it."""
-    for params in sampling_params if isinstance(sampling_params, list) else (sampling_params,):
+    request carries it before SGLang normalises it) is absent or an integer in [1, cap], and, when any n
+    is above 1, the copies SGLang makes of the request's `num_prompts` prompts (n each) number at most
+    `cap` (a batch of 8,000 one-token prompts with n = 128 was a 32 KB body expanding to 1,024,000
+    requests); naming it."""
+    listed = isinstance(sampling_params, list)
+    counts = []
+    for params in sampling_params if listed else (sampling_params,):
         if not isinstance(params, dict) or "n" not in params:
+            counts.append(1)
             continue  # SGLang's own parsing answers a malformed sampling_params
         n = params["n"]
         if type(n) is not int or not 1 <= n <= cap:
             raise ValueError(f"sampling_params.n {n!r} must be an integer in [1, {cap}] (parallel samples; "
                              "SGLANG_PD_MAX_PARALLEL_SAMPLES sets the cap)")
+        counts.append(n)
+    copies = sum(counts) if listed else counts[0] * max(num_prompts, 1)
+    if max(counts, default=1) > 1 and copies > cap:
+        raise ValueError(f"sampling_params.n asks for {copies} copies of this request's {max(num_prompts, 1)} "
+                         f"prompt(s), more than {cap} (SGLANG_PD_MAX_PARALLEL_SAMPLES caps the parallel samples "
+                         "of one request, all its prompts together)")
+
+
+def num_prompts(text, input_ids) -> int:
+    """Prompts a request carries before SGLang normalises it: a list of strings, or a list of token-id
+    lists, is a batch; anything else counts as one (read-only)."""
+    if isinstance(text, list):
+        return len(text)
+    if isinstance(input_ids, list) and input_ids and isinstance(input_ids[0], list):
+        return len(input_ids)
+    return 1
 
 
 def check_stop_regex(sampling_params) -> None:

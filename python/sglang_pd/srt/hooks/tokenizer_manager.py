@@ -6,7 +6,8 @@ its threads without wake-up preemption (helper_threads.py)."""
 from __future__ import annotations
 
 from sglang_pd.srt.disaggregation.pairing_guard import check_pairing
-from sglang_pd.srt.disaggregation.prompt_guard import check_input_ids, check_logprob_start_len, check_top_logprobs_num
+from sglang_pd.srt.disaggregation.prompt_guard import (check_input_ids, check_logprob_start_len, check_sampling_limits,
+                                                       check_top_logprobs_num)
 from sglang_pd.srt.disaggregation.request_fields import unwrap_request_fields
 from sglang_pd.srt.state import current
 
@@ -32,7 +33,8 @@ def after_update_request_meta_info(result, manager, meta_info, state, customized
 
 def after_validate_one_request(result, manager, obj, input_ids):
     """After SGLang's own checks: an id outside the vocabulary, a top_logprobs_num above it, a
-    logprob_start_len below -1, or (PD server)
+    logprob_start_len below -1, a stop token id outside the vocabulary or a top_k / min_new_tokens above
+    int32, or (PD server)
     a malformed bootstrap room, host or port is refused here (ValueError: HTTP 400 naming it) instead of
     ending the scheduler."""
     vocab_size = manager.model_config.vocab_size
@@ -40,6 +42,7 @@ def after_validate_one_request(result, manager, obj, input_ids):
         check_input_ids(input_ids, vocab_size)
     check_top_logprobs_num(getattr(obj, "top_logprobs_num", None), vocab_size)
     check_logprob_start_len(getattr(obj, "logprob_start_len", None))
+    check_sampling_limits(getattr(obj, "sampling_params", None), vocab_size)
     if is_pd_server(manager.server_args):
         check_pairing(str(manager.server_args.disaggregation_mode), getattr(obj, "bootstrap_room", None),
                       getattr(obj, "bootstrap_host", None), getattr(obj, "bootstrap_port", None))
