@@ -1,8 +1,10 @@
 """Single requests that end or stall a plain SGLang 0.5.23 server, sent to one without sglang_pd
 (SGLANG_PLUGINS=none) and to one with it: what the client gets, whether the server answers /health
 5 s later (restarted before the next case if not), and the server log's error lines. Cases: a prompt
-token id outside the vocabulary, logprob_start_len below -1, and n = 10**6 parallel samples (sent with a
-30 s client timeout). Writes result.json beside this file.
+token id outside the vocabulary, logprob_start_len below -1, n = 10**6 parallel samples (sent with a
+30 s client timeout), a stop token id outside the vocabulary with min_new_tokens, a top_k (sampled) and a
+min_new_tokens above int32 (this model runs without a tokenizer, so SGLang itself refuses min_new_tokens
+here). Writes result.json beside this file.
 
     .venv/bin/python docs/prompt_guard/run.py
 """
@@ -24,6 +26,12 @@ CASES = {  # name -> request body
     "input_id_outside_vocabulary": {"input_ids": [5, 6, VOCAB_SIZE, 7]},
     "logprob_start_len_below_minus_one": {"input_ids": IDS, "return_logprob": True, "logprob_start_len": -7},
     "a_million_parallel_samples": {"input_ids": IDS, "sampling_params": {"n": 10 ** 6}},
+    "stop_token_id_outside_vocabulary": {"input_ids": IDS,
+                                         "sampling_params": {"min_new_tokens": 1, "stop_token_ids": [10 ** 8]}},
+    # sampled: at temperature 0 SGLang replaces top_k by 1 before the batch is built
+    "top_k_above_int32": {"input_ids": IDS, "sampling_params": {"top_k": 2 ** 40, "temperature": 1.0}},
+    "min_new_tokens_above_int32": {"input_ids": IDS,
+                                   "sampling_params": {"max_new_tokens": None, "min_new_tokens": 2 ** 40}},
 }
 
 

@@ -322,8 +322,9 @@ def test_a_malformed_pairing_or_top_logprobs_is_refused_and_both_servers_keep_se
     """Each request below ends upstream's scheduler (decode: a room without a host dies in
     `_bootstrap_addr`; prefill: top_logprobs_num above the vocabulary dies in torch.topk, a
     logprob_start_len below -1 in an assertion after the forward), stalls its HTTP process (n = 10**6
-    copies), gets a 500 that names nothing (a stop_regex that does not compile, a list rid for one prompt)
-    or carries a field no peer can use. Each is answered with HTTP 400 naming the field, by the
+    copies; a batch multiplying n), gets a 500 that names nothing (a stop_regex that does not compile, a
+    list rid for one prompt) or carries a field no peer can use; a stop token id outside the vocabulary
+    and a top_k above int32 pass SGLang's checks and end the scheduler later. Each is answered with HTTP 400 naming the field, by the
     server it was sent to; both stay up, leak nothing, and then serve a normal pair whose outputs equal
     plain's."""
     dep, rng = pd_page1, random.Random(405)
@@ -344,7 +345,14 @@ def test_a_malformed_pairing_or_top_logprobs_is_refused_and_both_servers_keep_se
               # upstream answers these two with HTTP 500 (re.error, TypeError) without naming the field
               ({"sampling_params": {**sampling, "stop_regex": "(("}},
                "sampling_params.stop_regex '((' is not a valid regular expression"),
-              ({"rid": ["a", "b"]}, "rid ['a', 'b'] must be a string for a single prompt")]
+              ({"rid": ["a", "b"]}, "rid ['a', 'b'] must be a string for a single prompt"),
+              # accepted by SGLang's checks, then the scheduler raises on them (penalizer mask, int32 tensors)
+              ({"sampling_params": {**sampling, "min_new_tokens": 1, "stop_token_ids": [10 ** 8]}},
+               f"sampling_params.stop_token_ids[0] = 100000000 must be a token id in [0, {VOCAB_SIZE})"),
+              ({"sampling_params": {**sampling, "top_k": 2 ** 40}}, "sampling_params.top_k 1099511627776 is above"),
+              # a batch multiplies n: three prompts x 64 copies
+              ({"input_ids": [ids] * 3, "sampling_params": {**sampling, "n": 64}},
+               "sampling_params.n asks for 192 copies of this request's 3 prompt(s), more than 128")]
     servers = (dep.prefill, dep.decodes[0])
     assert all(s.is_running() for s in servers)
     for extra, named in decode_only:
