@@ -1,5 +1,6 @@
 """Unit-tier fixtures: real SGLang tree/allocator/request objects, our ledger hooks applied for real."""
 
+import threading
 from array import array
 
 import pytest
@@ -91,3 +92,26 @@ def make_req(rid: str, token_ids: list[int], bootstrap_host: str | None = "127.0
     req = Req(rid, None, array("q", token_ids), SamplingParams(max_new_tokens=4))
     req.bootstrap_host = bootstrap_host
     return req
+
+
+@pytest.fixture
+def gets_while_held():
+    """run(client, path, n, reached, release) -> (how many had reached the held step, responses): starts n
+    GETs of `path` at once, waits until one reached the app's held step (it appends to `reached` and waits
+    for `release`), gives the others 0.2 s to arrive, counts, then releases (always) and collects them."""
+    def run(client, path: str, n: int, reached: list, release: threading.Event) -> tuple[int, list]:
+        responses = []
+        callers = [threading.Thread(target=lambda: responses.append(client.get(path))) for _ in range(n)]
+        for t in callers:
+            t.start()
+        for _ in range(200):
+            if reached:
+                break
+            threading.Event().wait(0.01)
+        threading.Event().wait(0.2)
+        num_reached = len(reached)
+        release.set()
+        for t in callers:
+            t.join(5)
+        return num_reached, responses
+    return run

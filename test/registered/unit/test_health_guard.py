@@ -33,7 +33,7 @@ def test_a_dead_pd_thread_turns_health_into_503_naming_it():
     assert client.get("/other").status_code == 200  # other routes untouched
 
 
-def test_concurrent_health_calls_share_one_question():
+def test_concurrent_health_calls_share_one_question(gets_while_held):
     """/health is open without the API key and each question is a round trip to every scheduler: 20 callers
     arriving while one question is out wait for it instead of asking 20 times."""
     asked, answer = [], threading.Event()
@@ -46,19 +46,6 @@ def test_concurrent_health_calls_share_one_question():
 
     app = _app(dead)
     with TestClient(app) as client:
-        codes = []
-        callers = [threading.Thread(target=lambda: codes.append(client.get("/health").status_code)) for _ in range(20)]
-        for t in callers:
-            t.start()
-        for _ in range(200):
-            if asked:
-                break
-            threading.Event().wait(0.01)
-        threading.Event().wait(0.2)  # the other callers arrive while the question is out
-        try:
-            assert len(asked) == 1
-        finally:
-            answer.set()
-            for t in callers:
-                t.join(5)
-        assert codes == [200] * 20 and app.num_asked == 1
+        num_asked_while_out, responses = gets_while_held(client, "/health", 20, asked, answer)
+    assert num_asked_while_out == 1
+    assert [r.status_code for r in responses] == [200] * 20 and app.num_asked == 1

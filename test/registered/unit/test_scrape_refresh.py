@@ -64,7 +64,7 @@ def test_failed_refresh_answers_500_naming_the_error():
     assert resp.status_code == 500 and "TimeoutError: scheduler did not answer" in resp.text
 
 
-def test_a_flood_of_scrapes_costs_one_refresh_per_interval():
+def test_a_flood_of_scrapes_costs_one_refresh_per_interval(gets_while_held):
     """/metrics is open without the API key and a refresh is work on every scheduler: scrapes arriving while
     one runs share it, and a scrape within min_interval_s of the last serves what that one computed."""
     calls, clock, gate = [], Clock(), threading.Event()
@@ -77,22 +77,9 @@ def test_a_flood_of_scrapes_costs_one_refresh_per_interval():
 
     client, _ = _client(refresh, clock)
     with client:
-        results = []
-        threads = [threading.Thread(target=lambda: results.append(client.get("/metrics").text)) for _ in range(8)]
-        for t in threads:
-            t.start()
-        for _ in range(200):
-            if calls:
-                break
-            threading.Event().wait(0.01)
-        threading.Event().wait(0.2)  # the other scrapes arrive while the first refresh runs
-        try:
-            assert len(calls) == 1
-        finally:
-            gate.set()
-            for t in threads:
-                t.join(5)
-        assert results == ["integrity_failures 1\n"] * 8 and len(calls) == 1  # one refresh served all eight
+        num_refreshes_while_out, responses = gets_while_held(client, "/metrics", 8, calls, gate)
+        assert num_refreshes_while_out == 1
+        assert [r.text for r in responses] == ["integrity_failures 1\n"] * 8 and len(calls) == 1  # one served all
         clock.now += 0.5
         assert client.get("/metrics").text == "integrity_failures 1\n" and len(calls) == 1  # within the interval
         clock.now += 0.6
