@@ -200,11 +200,8 @@ class HandshakeGate:
         with self._lock:
             self.counts.num_received += 1
             self.counts.num_unread += 1
-            key = MessageKind.UNKNOWN.value
-            self.counts.rejected[key] = self.counts.rejected.get(key, 0) + 1
-        self._on_count("handshake_messages_rejected_total", 1)
-        self._note_peer(peer, f"sglang_pd: rejected by {self.limits.side.value}: {num_frames} frames, more than any "
-                              f"PD message has ({MAX_MESSAGE_FRAMES} with the auth trailer and digest)", key)
+        self._count_rejection(MessageKind.UNKNOWN, f"{num_frames} frames, more than any PD message has "
+                                                   f"({MAX_MESSAGE_FRAMES} with the auth trailer and digest)", peer)
         return True
 
     def housekeeping(self) -> list[int]:
@@ -335,12 +332,7 @@ class HandshakeGate:
     def _reject(self, verdict: Verdict, reason: str, peer: str, bury: bool = True) -> None:
         """Count and log a refused message; fail its room (telling a registered decode). `bury`: remember a
         room that did not exist yet, so its request fails when it appears (not for a room already ended)."""
-        with self._lock:
-            key = verdict.kind.value
-            self.counts.rejected[key] = self.counts.rejected.get(key, 0) + 1
-        self._on_count("handshake_messages_rejected_total", 1)
-        text = f"sglang_pd: rejected by {self.limits.side.value}: {reason}"
-        self._note_peer(peer, text, verdict.kind.value)
+        text = self._count_rejection(verdict.kind, reason, peer)
         if verdict.room is None:
             return
         notify = self._notify_target(verdict)
@@ -350,6 +342,15 @@ class HandshakeGate:
         with self._lock:
             self.counts.num_rooms_failed += 1
         self._on_count("handshake_rooms_failed_total", 1)
+
+    def _count_rejection(self, kind: MessageKind, reason: str, peer: str) -> str:
+        """Count a rejected message of `kind` and log it once per peer; returns the logged text."""
+        with self._lock:
+            self.counts.rejected[kind.value] = self.counts.rejected.get(kind.value, 0) + 1
+        self._on_count("handshake_messages_rejected_total", 1)
+        text = f"sglang_pd: rejected by {self.limits.side.value}: {reason}"
+        self._note_peer(peer, text, kind.value)
+        return text
 
     def _notify_target(self, verdict: Verdict) -> tuple[str, int] | None:
         """Where to tell decode: only the endpoint of a peer that registered it (never an arbitrary one)."""
