@@ -1,11 +1,14 @@
 """HMAC tags over handshake frames and bootstrap HTTP: what is accepted, what is refused and why."""
 
 import os
+import subprocess
+import sys
+import time
 
 import pytest
 
 from sglang_pd.srt.disaggregation.peer_auth import (
-    AuthFailure, PeerAuth, ReplayGuard, SecretFileError, key_id, read_keys)
+    DEFAULT_MAX_SKEW_S, AuthFailure, PeerAuth, ReplayGuard, SecretFileError, key_id, process_start_time, read_keys)
 
 pytestmark = pytest.mark.unit
 
@@ -115,3 +118,58 @@ def test_secret_file_rules_and_the_secret_never_shows(tmp_path):
     with pytest.raises(SecretFileError, match="holds no key"):
         read_keys(path)
     assert os.path.exists(path)
+
+
+def test_process_start_time_reads_the_kernel_clock_of_that_process():
+    before = time.time()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        started = process_start_time(child.pid)
+        after = time.time()
+    finally:
+        child.kill()
+        child.wait()
+    assert before - 0.011 <= started <= after  # ticks of 10 ms, truncated: up to one tick early
+    assert process_start_time() <= before
+
+
+_VERIFY_IN_A_NEW_PROCESS = """
+import sys, time
+from sglang_pd.srt.disaggregation.peer_auth import PeerAuth, process_start_time
+auth = PeerAuth.from_file(sys.argv[1])
+frames = [bytes.fromhex(h) for h in sys.argv[2].split(",")]
+replayed = auth.verify_frames(frames).failure
+fresh = auth.verify_frames(frames[:-5] + auth.sign_frames(frames[:-5])).failure
+print(replayed.value if replayed else "accepted", fresh.value if fresh else "accepted",
+      abs(auth.not_before - process_start_time()) < 0.005, time.time() - int(frames[-3]) / 1000.0)
+"""
+
+
+def test_a_message_signed_before_a_restart_is_refused_by_the_new_process(tmp_path):
+    """The nonce memory is per process: a server restarted inside the window must not accept again what
+    its previous process accepted. Here this test process plays the previous server, a fresh interpreter
+    the restarted one."""
+    secret = tmp_path / "secret"
+    secret.write_bytes(KEY_A + b"\n")
+    previous = PeerAuth.from_file(secret)
+    msg = FRAMES + previous.sign_frames(FRAMES)
+    assert previous.not_before <= time.time()
+    assert previous.verify_frames(list(msg)).failure is None  # accepted once by the process it was meant for
+    time.sleep(0.05)  # the restarted process starts strictly after the signature, beyond tick rounding
+    out = subprocess.run([sys.executable, "-c", _VERIFY_IN_A_NEW_PROCESS, str(secret), ",".join(f.hex() for f in msg)],
+                         capture_output=True, text=True, timeout=120, check=True).stdout.split()
+    replayed, fresh, not_before_is_start, age_s = out[0], out[1], out[2], float(out[3])
+    assert age_s < DEFAULT_MAX_SKEW_S  # inside the replay window: the nonce check alone would have accepted it
+    assert not_before_is_start == "True"
+    assert replayed == AuthFailure.BEFORE_START.value
+    assert fresh == "accepted"  # a message signed after the start still passes
+
+
+def test_not_before_applies_to_bootstrap_http_requests_too():
+    clock = Clock()
+    signer, restarted = PeerAuth([KEY_A], clock=clock), PeerAuth([KEY_A], clock=clock, not_before=clock.now + 1)
+    header, _ = signer.sign_http_request("PUT", "/route", b"{}")
+    clock.now += 2
+    assert restarted.verify_http_request("PUT", "/route", b"{}", header).failure is AuthFailure.BEFORE_START
+    header, _ = signer.sign_http_request("PUT", "/route", b"{}")
+    assert restarted.verify_http_request("PUT", "/route", b"{}", header).failure is None

@@ -418,4 +418,5 @@ _AUTH_TEXT = {
     AuthFailure.STALE: "auth timestamp outside the accepted window (replay, or clocks out of sync)",
     AuthFailure.REPLAYED: "message replayed (nonce already seen)",
     AuthFailure.OVERLOADED: "replay memory full; message refused",
+    AuthFailure.BEFORE_START: "auth timestamp before this process started (replay across a restart, or clocks out of sync)",
 }

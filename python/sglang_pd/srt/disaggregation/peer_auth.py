@@ -11,7 +11,12 @@ the same fields in one header over method, path with query and body; the bootstr
 is tagged over the request's nonce, its status and body, so a forged or replayed answer is refused.
 
 Replay: a message is accepted within `max_skew_s` of its timestamp, once (its nonce is remembered
-for twice that window); clocks of the PD servers must agree within `max_skew_s` (NTP).
+for twice that window); clocks of the PD servers must agree within `max_skew_s` (NTP). The nonce memory
+lives in one process, so a restarted server would accept once more what it accepted in the window
+before: `from_file` therefore refuses every message stamped before the receiving process started
+(`not_before`). No genuine message can be: a peer signs for a socket or route only after learning it,
+and this process creates them after it starts; messages still queued for the previous process are
+refused with it.
 
 Key rotation: the file holds one key per line; the first signs, every line verifies. Add the new
 key as a second line everywhere, then make it the first, then drop the old one (README).
@@ -53,6 +58,7 @@ class AuthFailure(str, enum.Enum):
     STALE = "stale"              # timestamp outside the accepted window
     REPLAYED = "replayed"        # nonce already seen inside the window
     OVERLOADED = "overloaded"    # replay memory full (more signed messages than it can hold)
+    BEFORE_START = "before_start"  # stamped before this process started (a replay across a restart)
 
 
 class AuthVerdict(NamedTuple):
@@ -118,11 +124,28 @@ class ReplayGuard:
         return len(self._expiry)
 
 
+def process_start_time(pid: int | None = None) -> float:
+    """Wall-clock start of process `pid` (this one by default), from /proc (Linux).
+
+    The kernel counts a process's start in clock ticks since boot (CLOCK_BOOTTIME), truncated, so the
+    result is up to one tick (10 ms) early: the refusal it feeds errs towards accepting. (/proc/stat's
+    `btime` is whole seconds, hence the boot instant from the two clocks instead.)"""
+    pid = os.getpid() if pid is None else pid
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    ticks = int(stat[stat.rindex(b")") + 2:].split()[19])  # field 22 (starttime), after "pid (comm) "
+    booted_at = time.time() - time.clock_gettime(time.CLOCK_BOOTTIME)
+    return booted_at + ticks / os.sysconf("SC_CLK_TCK")
+
+
 class PeerAuth:
     """Signs and verifies PD handshake messages with the deployment's shared keys."""
 
     def __init__(self, keys: list[bytes], max_skew_s: float = DEFAULT_MAX_SKEW_S,
-                 clock: Callable[[], float] = time.time, replay: ReplayGuard | None = None):
+                 clock: Callable[[], float] = time.time, replay: ReplayGuard | None = None,
+                 not_before: float = float("-inf")):
+        """`not_before`: refuse messages stamped earlier (wall-clock seconds; `from_file` passes the
+        process's start)."""
         if not keys or any(len(k) < MIN_KEY_CHARS for k in keys):
             raise SecretFileError(f"every key must have at least {MIN_KEY_CHARS} characters")
         self._keys = {key_id(k): k for k in keys}
@@ -130,11 +153,12 @@ class PeerAuth:
         self.max_skew_s = float(max_skew_s)
         self._clock = clock
         self._replay = replay or ReplayGuard()
+        self.not_before = float(not_before)
 
     @classmethod
     def from_file(cls, path: str | os.PathLike, max_skew_s: float = DEFAULT_MAX_SKEW_S) -> "PeerAuth":
-        """Load the keys of `path` (see read_keys)."""
-        return cls(read_keys(path), max_skew_s)
+        """Load the keys of `path` (see read_keys); messages stamped before this process started are refused."""
+        return cls(read_keys(path), max_skew_s, not_before=process_start_time())
 
     @property
     def key_ids(self) -> list[str]:
@@ -224,6 +248,8 @@ class PeerAuth:
         sent = int(stamp) / 1000.0
         if abs(now - sent) > self.max_skew_s:  # before the MAC: a stale message costs no pass over its frames
             return AuthFailure.STALE
+        if sent < self.not_before:  # inside the window but meant for this server's previous process
+            return AuthFailure.BEFORE_START
         if not hmac.compare_digest(self._mac(label, kid, key, stamp, nonce, parts), mac):
             return AuthFailure.BAD_MAC
         return self._replay.admit(nonce, sent + 2 * self.max_skew_s, now)
