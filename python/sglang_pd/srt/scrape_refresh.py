@@ -13,10 +13,11 @@ every scrape sharing it) instead of serving stale figures.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 from typing import Awaitable, Callable
+
+from sglang_pd.srt.single_flight import SingleFlight
 
 logger = logging.getLogger(__name__)
 MIN_INTERVAL_S = 1.0
@@ -29,18 +30,19 @@ class RefreshBeforeScrape:
     def __init__(self, app, refresh: Callable[[], Awaitable[None]], path: str = "/metrics",
                  min_interval_s: float = MIN_INTERVAL_S, clock: Callable[[], float] = time.monotonic):
         self.app = app
-        self.refresh = refresh
         self.path = path
-        self.min_interval_s, self._clock = min_interval_s, clock
-        self._running: asyncio.Future | None = None
-        self._done_at = float("-inf")
-        self.num_refreshes = 0  # refreshes started (read by tests)
+        self._refresh = SingleFlight(refresh, min_interval_s, clock)
+
+    @property
+    def num_refreshes(self) -> int:
+        """Refreshes started (read by tests)."""
+        return self._refresh.num_asked
 
     async def __call__(self, scope, receive, send):
         if scope.get("type") != "http" or not scope.get("path", "").startswith(self.path):
             return await self.app(scope, receive, send)
         try:
-            await self._refreshed()
+            await self._refresh.result()
         except Exception as exc:  # a scrape must not look healthy when its figures could not be computed
             logger.exception("sglang_pd: refreshing metrics before a scrape failed")
             body = f"sglang_pd: metrics refresh failed: {type(exc).__name__}: {exc}\n".encode()
@@ -49,19 +51,3 @@ class RefreshBeforeScrape:
             await send({"type": "http.response.body", "body": body})
             return
         return await self.app(scope, receive, send)
-
-    async def _refreshed(self) -> None:
-        """Wait for a refresh: the one running, or a new one unless one completed under min_interval_s ago."""
-        if self._running is None:
-            if self._clock() - self._done_at < self.min_interval_s:
-                return
-            self._running = asyncio.ensure_future(self._refresh_once())
-        await asyncio.shield(self._running)
-
-    async def _refresh_once(self) -> None:
-        self.num_refreshes += 1
-        try:
-            await self.refresh()
-            self._done_at = self._clock()
-        finally:
-            self._running = None

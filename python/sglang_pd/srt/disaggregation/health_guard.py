@@ -10,10 +10,10 @@ once a second, concurrent callers sharing one question.
 
 from __future__ import annotations
 
-import asyncio
 import json
-import time
 from typing import Awaitable, Callable
+
+from sglang_pd.srt.single_flight import SingleFlight
 
 HEALTH_PATHS = ("/health", "/health_generate")
 CACHE_S = 1.0
@@ -24,11 +24,14 @@ class HealthGuardMiddleware:
 
     def __init__(self, app, dead_threads: Callable[[], Awaitable[dict[str, str]]]):
         self.app = app
-        self._dead_threads = dead_threads  # name -> role of every dead PD thread of this server
-        self._checked_at = 0.0
-        self._dead: dict[str, str] = {}
-        self._asking: asyncio.Future | None = None
-        self.num_asked = 0  # questions asked (read by tests)
+        # name -> role of every dead PD thread of this server; a round trip to every scheduler, and /health
+        # is open without the API key (200 concurrent calls asked 200 times before it was shared)
+        self._dead_threads = SingleFlight(dead_threads, min_interval_s=CACHE_S)
+
+    @property
+    def num_asked(self) -> int:
+        """Questions asked (read by tests)."""
+        return self._dead_threads.num_asked
 
     async def __call__(self, scope, receive, send):
         if scope.get("type") != "http" or scope.get("path") not in HEALTH_PATHS:
@@ -40,7 +43,7 @@ class HealthGuardMiddleware:
 
         await self.app(scope, receive, hold)
         status = next((m.get("status") for m in held if m["type"] == "http.response.start"), None)
-        dead = await self._current_dead() if status == 200 else {}
+        dead = await self._dead_threads.result() if status == 200 else {}
         if not dead:
             for message in held:
                 await send(message)
@@ -49,21 +52,3 @@ class HealthGuardMiddleware:
         await send({"type": "http.response.start", "status": 503,
                     "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
         await send({"type": "http.response.body", "body": body})
-
-    async def _current_dead(self) -> dict[str, str]:
-        """The dead threads, asked at most once a second; callers that come while it is being asked share
-        that one question (it is a round trip to every scheduler, and /health is open without the API key:
-        200 concurrent calls asked 200 times)."""
-        if self._asking is None and time.monotonic() - self._checked_at >= CACHE_S:
-            self._asking = asyncio.ensure_future(self._ask())
-        if self._asking is not None:
-            await asyncio.shield(self._asking)
-        return self._dead
-
-    async def _ask(self) -> None:
-        self.num_asked += 1
-        try:
-            self._dead = await self._dead_threads()
-            self._checked_at = time.monotonic()
-        finally:
-            self._asking = None

@@ -4,6 +4,7 @@ GET /sglang_pd/info   -> version, role, hooks applied in the HTTP and scheduler 
 GET /sglang_pd/stats  -> the scheduler-side state of every DP rank (counters, ledger, integrity, ...).
 POST /sglang_pd/faults -> arm test faults (mounted only with SGLANG_PD_ENABLE_FAULT_INJECTION=1).
 SGLang's /health and /health_generate answer 503 while a PD thread is dead (srt/disaggregation/health_guard.py).
+Concurrent callers of these routes share one question to the schedulers (srt/single_flight.py).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from sglang_pd.srt.disaggregation.health_guard import HealthGuardMiddleware
 from sglang_pd.srt.disaggregation.retry_after import RetryAfterMiddleware
 from sglang_pd.srt.fault_injection import KEY_PREFIX
 from sglang_pd.srt.scrape_refresh import RefreshBeforeScrape
+from sglang_pd.srt.single_flight import SingleFlight
 from sglang_pd.srt.state import INTERNAL_STATE_KEY, current, mode_name
 
 INFO_PATH = "/sglang_pd/info"
@@ -20,11 +22,22 @@ STATS_PATH = "/sglang_pd/stats"
 FAULTS_PATH = "/sglang_pd/faults"
 
 
-async def _scheduler_states() -> list[dict]:
+async def _ask_schedulers() -> list[dict]:
     from sglang.srt.entrypoints.http_server import get_global_state
 
     states = await get_global_state().tokenizer_manager.get_internal_state()
     return [s.get(INTERNAL_STATE_KEY, {}) for s in states]
+
+
+# Every route of ours that asks the schedulers (/sglang_pd/stats, /sglang_pd/info, the refresh before a
+# /metrics scrape, /health's dead-thread question) shares the question out: each answer runs the tree
+# integrity check on every scheduler, and these routes are open to anyone without --api-key.
+_SCHEDULERS = SingleFlight(_ask_schedulers)
+
+
+async def _scheduler_states() -> list[dict]:
+    """Every DP rank's sglang_pd state (shared with concurrent callers: read it, never mutate it)."""
+    return await _SCHEDULERS.result()
 
 
 def _server_args():
