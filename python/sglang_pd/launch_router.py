@@ -18,10 +18,12 @@ agree on model, page size and transfer backend.
 API key (`--api-key-file PATH`): when the servers run with SGLang's own `--api-key KEY` (every endpoint but
 /health*, /ready* and /metrics then answers 401 without `Authorization: Bearer KEY`, the plugin's
 /sglang_pd/* included), give the launcher a file holding that key (one line; the file must not be
-readable by group or others). The preflight and the readiness watcher send it, and the router is started
-with `--api-key KEY`: it then requires the key from its clients too and sends it to the workers.
-sglang-router takes the key only on its command line, so local users who can list processes can read
-it there; the file keeps it out of the launcher's own command line and shell history.
+readable by group or others). The preflight and the readiness watcher send it, and the router requires
+it from its clients too and sends it to the workers. The key is in no process's command line: the file
+keeps it out of the launcher's (and shell history), and sglang-router, which takes a key only as
+`--api-key KEY`, is started through `sglang_pd.router_child`, which reads the key from a pipe this
+launcher filled (`--api-key-fd N` is all its command line shows) and hands it to sglang-router's own
+parser and launch function in-process. A `--router-arg` carrying `--api-key` is refused for that reason.
 
 Readiness: the router's /readiness can answer 200 before it has registered every worker (a CI run's
 router log shows 2 of 3), and a conversation pinned in that window stays on the decode server it
@@ -42,6 +44,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import requests
+
+from sglang_pd import router_child
 
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 POLICIES = {
@@ -83,6 +87,8 @@ def read_api_key(path: str | os.PathLike) -> str:
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if len(lines) != 1 or any(c.isspace() for c in lines[0]):
         raise PreflightError(f"--api-key-file {p}: must hold exactly one key on one line, without spaces")
+    if len(lines[0].encode("utf-8")) > router_child.MAX_KEY_BYTES:  # it reaches the router through a pipe
+        raise PreflightError(f"--api-key-file {p}: key longer than {router_child.MAX_KEY_BYTES} bytes")
     return lines[0]
 
 
@@ -163,16 +169,19 @@ def _watch_readiness(router_url: str, expected: list[str], timeout_s: float, rou
             print(f"launch_router: WARNING: {exc}", file=sys.stderr, flush=True)
 
 
-def router_argv(args: argparse.Namespace) -> list[str]:
-    """The sglang-router command line for the checked deployment."""
-    argv = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
-            "--host", args.host, "--port", str(args.port)]
+def router_argv(args: argparse.Namespace, key_fd: int | None = None) -> list[str]:
+    """The router's command line for the checked deployment (sglang-router run by router_child). With a key,
+    only `key_fd`, the pipe router_child reads it from (router_child.pass_key), is on it, never the key."""
+    if args.api_key and key_fd is None:  # never start the router open when a key was given
+        raise ValueError("a key was given: pass key_fd, the pipe holding it (router_child.pass_key)")
+    argv = [sys.executable, "-m", "sglang_pd.router_child"]
+    if key_fd is not None:
+        argv += [router_child.KEY_FD_FLAG, str(key_fd)]  # must lead: router_child reads it there only
+    argv += ["--pd-disaggregation", "--host", args.host, "--port", str(args.port)]
     for url, port in args.prefill:
         argv += ["--prefill", url, port or "none"]
     for url in args.decode:
         argv += ["--decode", url]
-    if args.api_key:
-        argv += ["--api-key", args.api_key]
     if not any(a.split("=", 1)[0] == "--prometheus-host" for a in args.router_arg):
         argv += ["--prometheus-host", args.host]  # sglang-router's own default is 0.0.0.0
     return argv + POLICIES[args.policy] + list(args.router_arg)
@@ -182,6 +191,13 @@ def _prefill_arg(values: list[str]) -> tuple[str, str | None]:
     if len(values) not in (1, 2) or (len(values) == 2 and not values[1].isdigit()):
         raise argparse.ArgumentTypeError(f"--prefill takes URL [BOOTSTRAP_PORT], got {values}")
     return values[0].rstrip("/"), values[1] if len(values) == 2 else None
+
+
+def _names_api_key(router_arg: str) -> bool:
+    """Whether `router_arg` is sglang-router's --api-key flag, also as an abbreviation its argparse parser
+    accepts (`--ap` and longer: no other router flag starts so)."""
+    flag = router_arg.split("=", 1)[0]
+    return len(flag) >= 4 and "--api-key".startswith(flag)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -205,6 +221,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(str(exc))
     if not args.ready_timeout > 0:
         p.error(f"--ready-timeout must be > 0 seconds, got {args.ready_timeout}")
+    if any(_names_api_key(a) for a in args.router_arg):
+        p.error("--router-arg --api-key would show the key to every local user (ps); use --api-key-file")
     args.decode = [u.rstrip("/") for u in args.decode]
     args.api_key = None  # read in main(), so a bad file is a preflight error naming it
     return args
@@ -223,7 +241,6 @@ def main(argv=None) -> int:
           f"backend={w.transfer_backend}; policy={args.policy} (header {ROUTING_KEY_HEADER})", flush=True)
     if args.check_only:
         return 0
-    argv = router_argv(args)
     router_pid = os.getpid()
     if os.fork() == 0:  # the watcher; the router keeps our PID (whoever started us stops it by that PID)
         host = "127.0.0.1" if args.host in ("0.0.0.0", "::", "") else args.host
@@ -235,6 +252,8 @@ def main(argv=None) -> int:
             code = 1
         finally:
             os._exit(code)
+    # The key's pipe is made after the fork, so the watcher never holds it.
+    argv = router_argv(args, router_child.pass_key(args.api_key) if args.api_key else None)
     os.execv(argv[0], argv)
 
 

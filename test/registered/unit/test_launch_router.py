@@ -1,24 +1,38 @@
 """launch_router: argument parsing, the router command line, and the preflight's clear errors
-(against small HTTP workers that answer /health and /sglang_pd/info like real ones)."""
+(against small HTTP workers that answer /health and /sglang_pd/info like real ones); router_child, which
+gives sglang-router its API key through a pipe; and a real sglang-router started by the launcher with a
+key, which no process's command line shows."""
 
 import http.server
 import json
 import os
+import subprocess
+import sys
 import threading
+import time
+from pathlib import Path
 
 import pytest
+import requests
 
 from sglang_pd import launch_router as lr
+from sglang_pd import router_child
+from sglang_pd.harness.server import free_port
 
 pytestmark = pytest.mark.unit
 
 
 class _Worker:
-    def __init__(self, info: dict | None, health: int = 200, listing=None, api_key: str | None = None):
+    """A stand-in server. `answer_all`: any other path answers 200 `{}` (what a real sglang-router needs
+    from a worker's /server_info, /model_info and /generate to register it and route to it)."""
+
+    def __init__(self, info: dict | None, health: int = 200, listing=None, api_key: str | None = None,
+                 answer_all: bool = False):
         worker = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self):
+                worker.seen.append((self.path, self.headers.get("Authorization")))
                 body, code = b"", 404
                 if self.path == "/health":  # open with or without a key, as SGLang's
                     code = worker.health
@@ -28,14 +42,22 @@ class _Worker:
                     body, code = json.dumps(worker.info).encode(), 200
                 elif self.path == "/workers" and worker.listing is not None:  # a router's worker list
                     body, code = json.dumps({"workers": worker.listing()}).encode(), 200
+                elif worker.answer_all:
+                    body, code = b"{}", 200
                 self.send_response(code)
+                self.send_header("Content-Type", "application/json")
                 self.end_headers()
                 self.wfile.write(body)
+
+            def do_POST(self):
+                self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                self.do_GET()
 
             def log_message(self, *args):
                 pass
 
         self.info, self.health, self.listing, self.api_key = info, health, listing, api_key
+        self.answer_all, self.seen = answer_all, []
         self.server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
@@ -171,9 +193,14 @@ def test_servers_behind_an_api_key_need_the_key_file(workers, tmp_path):
     assert lr.read_api_key(path) == key
     args = lr.parse_args(["--prefill", p.url, "--decode", d.url, "--api-key-file", str(path)])
     args.api_key = lr.read_api_key(args.api_key_file)
-    argv = lr.router_argv(args)
-    assert argv[argv.index("--api-key") + 1] == key
-    assert "--api-key" not in lr.router_argv(lr.parse_args(["--prefill", p.url, "--decode", d.url]))
+    argv = lr.router_argv(args, key_fd=7)
+    # the key is not on the router's command line (local users could read it with ps): only its pipe is
+    assert not any(key in a for a in argv) and "--api-key" not in argv
+    assert argv[2:5] == ["sglang_pd.router_child", "--api-key-fd", "7"]
+    with pytest.raises(ValueError, match="a key was given: pass key_fd"):  # never a router without its key
+        lr.router_argv(args)
+    plain = lr.router_argv(lr.parse_args(["--prefill", p.url, "--decode", d.url]))
+    assert "--api-key" not in plain and "--api-key-fd" not in plain
     router = workers(None, listing=lambda: [{"url": p.url, "is_healthy": True}], api_key=key)
     assert lr.unregistered(router.url, [p.url], api_key=key) == []
 
@@ -195,6 +222,16 @@ def test_a_bad_api_key_file_is_named_without_its_content(tmp_path, content, mode
         lr.read_api_key(tmp_path / "missing")
 
 
+def test_a_router_arg_carrying_the_key_is_refused(capsys):
+    """--router-arg --api-key (or an abbreviation sglang-router's argparse would take) would put the key
+    on the router's command line."""
+    for flag in ("--router-arg=--api-key=k", "--router-arg=--api-key", "--router-arg=--api", "--router-arg=--ap=k"):
+        with pytest.raises(SystemExit):
+            lr.parse_args(["--prefill", "http://p:1", "--decode", "http://d:2", flag])
+        assert "would show the key to every local user (ps); use --api-key-file" in capsys.readouterr().err
+    assert lr.parse_args(["--prefill", "http://p:1", "--decode", "http://d:2", "--router-arg=--assignment-mode=x"])
+
+
 def test_main_refuses_a_bad_api_key_file_before_starting_anything(tmp_path, capsys):
     path = tmp_path / "api_key"
     path.write_text("k" * 32)
@@ -202,3 +239,130 @@ def test_main_refuses_a_bad_api_key_file_before_starting_anything(tmp_path, caps
     assert lr.main(["--prefill", "http://127.0.0.1:9", "--decode", "http://127.0.0.1:9",
                     "--api-key-file", str(path)]) == 2
     assert "readable by group or others" in capsys.readouterr().err
+
+
+def test_router_child_reads_the_key_from_the_pipe_once():
+    fd = router_child.pass_key("k-" + "y" * 30)
+    assert os.get_inheritable(fd)  # it must survive the launcher's exec
+    assert router_child.read_key(fd) == "k-" + "y" * 30
+    with pytest.raises(OSError):  # read to its end and closed
+        os.fstat(fd)
+    with pytest.raises(ValueError, match="must be 1..4096 bytes"):
+        router_child.pass_key("k" * 4097)
+
+
+def _pipe_holding(data: bytes) -> int:
+    read_fd, write_fd = os.pipe()
+    os.write(write_fd, data)
+    os.close(write_fd)
+    return read_fd
+
+
+@pytest.mark.parametrize("data, message", [
+    (b"", "no API key in the pipe (empty, or not one word)"),
+    (b"two words", "no API key in the pipe (empty, or not one word)"),
+    (b"\xff\xfe", "the key is not UTF-8 text"),
+    (b"k" * 5000, "more than 4096 bytes, not a key from our launcher"),
+])
+def test_router_child_names_a_bad_pipe_without_its_content(data, message):
+    fd = _pipe_holding(data)
+    with pytest.raises(router_child.KeyNotReadable) as info:
+        router_child.read_key(fd)
+    assert str(info.value) == f"--api-key-fd {fd}: {message}"
+
+
+def test_router_child_without_its_key_exits_2_and_starts_nothing(tmp_path):
+    """A descriptor that is not open (the key never arrived): exit 2 naming it, no router listening."""
+    port = free_port()
+    argv = [sys.executable, "-m", "sglang_pd.router_child", "--api-key-fd", "97", "--pd-disaggregation",
+            "--host", "127.0.0.1", "--port", str(port), "--prefill", "http://127.0.0.1:9", "none",
+            "--decode", "http://127.0.0.1:9"]
+    out = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2
+    assert ("router_child: --api-key-fd 97: cannot be read (Bad file descriptor); not starting the router "
+            "without its API key") in out.stderr
+    for bad in (["--api-key-fd"], ["--api-key-fd", "x"]):
+        assert router_child.main(bad + ["--pd-disaggregation"]) == 2
+
+
+def _descendants(root: int) -> list[int]:
+    """`root` and every process below it (read from /proc: ppid is field 4 of /proc/<pid>/stat)."""
+    parent = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass  # gone meanwhile
+    tree, frontier = [root], [root]
+    while frontier:
+        frontier = [pid for pid, ppid in parent.items() if ppid in frontier]
+        tree += frontier
+    return tree
+
+
+def _read_proc(pid: int, name: str) -> bytes:
+    try:
+        return (Path("/proc") / str(pid) / name).read_bytes()
+    except OSError:
+        return b""  # exited meanwhile
+
+
+def test_a_real_router_with_a_key_keeps_it_off_every_command_line(workers, tmp_path):
+    """The launcher starts a real sglang-router with a key: from the launcher's start until the router
+    routes, no process of its tree shows the key in /proc/<pid>/cmdline (nor environ); the router answers
+    401 without the key and routes with it, sending it to the workers."""
+    key = "k-" + os.urandom(16).hex()
+    p = workers(_info("prefill"), api_key=key, answer_all=True)
+    d = workers(_info("decode"), api_key=key, answer_all=True)
+    path = tmp_path / "api_key"
+    path.write_text(key + "\n")
+    path.chmod(0o600)
+    port, log = free_port(), tmp_path / "launcher.log"
+    with log.open("wb") as out:
+        launcher = subprocess.Popen([sys.executable, "-m", "sglang_pd.launch_router", "--prefill", p.url,
+                                     "--decode", d.url, "--port", str(port), "--api-key-file", str(path),
+                                     "--router-arg=--log-level", "--router-arg=warn",
+                                     "--router-arg=--health-check-interval-secs", "--router-arg=1"],
+                                    stdout=out, stderr=subprocess.STDOUT)
+    try:
+        seen = _watch_tree_until_ready(launcher, log)
+        leaks = sorted(pid for pid, samples in seen.items() if any(key.encode() in s for s in samples))
+        assert not leaks, f"the key is on the command line or in the environment of processes {leaks}"
+        # we did watch the router as exec'd (before it retitled itself), and it got its key by the pipe
+        assert any(b"\0--pd-disaggregation\0" in s for s in seen[launcher.pid])
+        assert any(b"-m\0sglang_pd.router_child\0--api-key-fd\0" in s for s in seen[launcher.pid])
+        url = f"http://127.0.0.1:{port}"
+        assert requests.get(url + "/workers", timeout=30).status_code == 401
+        assert requests.post(url + "/generate", json={"input_ids": [1, 2, 3]}, timeout=30).status_code == 401
+        keyed = lr.auth_headers(key)
+        assert requests.get(url + "/workers", headers=keyed, timeout=30).status_code == 200
+        assert requests.post(url + "/generate", json={"input_ids": [1, 2, 3]}, headers=keyed,
+                             timeout=30).status_code != 401
+        # the router itself (not only our preflight) sent the key to each worker
+        for worker in (p, d):
+            assert any(auth == f"Bearer {key}" for path_, auth in worker.seen
+                       if path_ not in ("/health", "/sglang_pd/info")), worker.seen
+        assert key not in log.read_text(errors="replace")
+    finally:
+        launcher.terminate()
+        try:
+            launcher.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+            launcher.wait()
+
+
+def _watch_tree_until_ready(launcher: subprocess.Popen, log: Path, timeout_s: float = 90) -> dict[int, set[bytes]]:
+    """Sample the cmdline and environ of every process under the launcher every few ms until it prints
+    its ready line (sglang-router retitles itself once started, so only a watch from the first moment
+    sees what its command line was); {pid: the distinct samples}."""
+    seen: dict[int, set[bytes]] = {}
+    deadline = time.monotonic() + timeout_s
+    while b"launch_router: ready:" not in log.read_bytes():
+        assert launcher.poll() is None, log.read_text(errors="replace")[-3000:]
+        assert time.monotonic() < deadline, log.read_text(errors="replace")[-3000:]
+        for pid in _descendants(launcher.pid):
+            seen.setdefault(pid, set()).update({_read_proc(pid, "cmdline"), _read_proc(pid, "environ")})
+        time.sleep(0.01)  # the window to catch (interpreter start, sglang-router imports) lasts seconds
+    return seen
