@@ -83,6 +83,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "admission_round_max_size": ("gauge", "largest admission round so far (requests)"),
     "admission_round_released_unused_total": ("counter", "planned locks SGLang's loop did not take, released at round close"),
     "admission_round_evictions_total": ("counter", "tree evictions done once per decode admission round"),
+    "admission_round_duplicate_rids_total": ("counter", "admission-round candidates whose rid an earlier candidate of the round had (each keeps its own lock)"),
     # SLO-aware decode admission (srt/disaggregation/slo_controller.py)
     "decode_step_seconds_measured": ("gauge", "decode step time, launch to launch (EWMA of measured steps)"),
     "decode_step_seconds_predicted": ("gauge", "step time the learned model predicts for the batch just admitted (local-prefill tokens included)"),

@@ -105,3 +105,47 @@ def test_second_plan_while_round_open_is_refused(pool, ledger):
         rnd.plan([make_req("o2", [5])], pool.tree, PoolSizer(pool.tree, pool.allocator), match_kv_cache)
     rnd.close()
     assert ledger.owners() == {} and pool.integrity(ledger).ok
+
+
+# ---- two queued requests under one rid (several tokenizer workers / DP, or a direct scheduler call) ----
+def test_duplicate_rid_both_planned_each_takes_its_own_match(pool, ledger):
+    """Each request keeps its own entry and lock: take() hands each its own match, nothing leaks."""
+    pool.cache_tokens(list(range(8)))
+    pool.cache_tokens(list(range(100, 104)))
+    first = make_req("dup", list(range(8)) + [1, 2])         # 8-token prefix in the tree
+    second = make_req("dup", list(range(100, 104)) + [3, 4])  # 4-token prefix in the tree
+
+    rnd, plan = _plan(pool, [first, second])
+
+    assert plan.rids == ("dup", "dup") and plan.num_refused == 0
+    assert first.lock is not second.lock and ledger.owners() == {"dup": 2}
+    assert [ledger.state_of(r.lock) for r in (first, second)] == [LockState.PLANNED] * 2
+    assert rnd.take(first).device_prefix_len == 8 and rnd.take(second).device_prefix_len == 4
+    assert [ledger.state_of(r.lock) for r in (first, second)] == [LockState.HELD] * 2
+    assert rnd.close() == 0
+    _finish(pool, [first, second], [])
+    assert ledger.owners() == {} and ledger.num_double_releases == 0 and pool.integrity(ledger).ok
+    assert rnd.snapshot()["num_duplicate_rids"] == 1  # counted (and logged) once
+
+
+def test_duplicate_rid_untaken_matches_are_both_released_at_close(pool, ledger):
+    pool.cache_tokens(list(range(8)))
+    reqs = [make_req("dup", list(range(8)) + [10 + i] * 4) for i in range(2)]
+    rnd, plan = _plan(pool, reqs)
+    locks = [r.lock for r in reqs]
+    assert plan.rids == ("dup", "dup") and ledger.owners() == {"dup": 2}
+    assert rnd.close() == 2  # SGLang's loop took neither
+    assert [ledger.state_of(lock) for lock in locks] == [LockState.RELEASED] * 2
+    assert ledger.owners() == {} and ledger.num_double_releases == 0 and pool.integrity(ledger).ok
+
+
+def test_duplicate_rid_refused_second_releases_only_its_own_lock(pool, ledger):
+    """The candidate that does not fit gives back its own lock; the first one's stays planned, then closes."""
+    pool.cache_tokens(list(range(8)))
+    small = make_req("dup", list(range(8)) + [20] * 4)
+    big = make_req("dup", list(range(8)) + [30] * 60)  # 60 new tokens: more than the 64-token pool holds
+    rnd, plan = _plan(pool, [small, big])
+    assert plan.rids == ("dup",) and plan.num_refused == 1 and big.lock is None
+    assert ledger.state_of(small.lock) is LockState.PLANNED
+    assert rnd.close() == 1
+    assert ledger.owners() == {} and ledger.num_double_releases == 0 and pool.integrity(ledger).ok

@@ -83,6 +83,12 @@ class KVWorld:
         row[prefix_len:fill_len] = fresh[:need]
         self._fresh = fresh
 
+    def match_len(self, tokens: list[int]) -> int:
+        from sglang.srt.mem_cache.base_prefix_cache import MatchPrefixParams
+        from sglang.srt.mem_cache.radix_cache import RadixKey
+
+        return int(self.tree.match_prefix(MatchPrefixParams(key=RadixKey(token_ids=array("q", tokens)))).device_prefix_len)
+
     def release(self, req, fill_len: int, prefix_len: int) -> None:
         self.allocator.free(self._fresh)
         if req.lock is not None:
@@ -173,3 +179,93 @@ def test_resume_refuses_a_request_still_holding_a_lock(world, ledger):
     world.tree.unlock(req.lock)
     req.lock = None
     assert ledger.owners() == {} and current().lock_ledger is ledger
+
+
+# ---- a failed partial restore: the full-restore fallback must not write the tree's pages -------------
+class _FirstLoadFails:
+    """The real paged allocator, except that its first `load_cpu_copy` raises (the partial restore's
+    copy fails); everything else, the later copies included, is the allocator's own."""
+
+    def __init__(self, allocator):
+        self._allocator, self.num_failed = allocator, 0
+
+    def load_cpu_copy(self, *args, **kwargs):
+        if self.num_failed == 0:
+            self.num_failed = 1
+            raise RuntimeError("injected: copy of the restored suffix failed")
+        return self._allocator.load_cpu_copy(*args, **kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._allocator, name)
+
+
+def _pages_kv(world, slots) -> list:
+    return [buf[layer][slots].clone() for buf in (world.kv.k_buffer, world.kv.v_buffer) for layer in range(2)]
+
+
+def _resume_with_failing_copy(world, rid: str):
+    """A retracted request whose 16-token prefix is in the tree, resumed through the real load_kv_cache
+    hook with a failing first copy. The tree's prefix pages are marked first (+0.5: the KV another
+    request computed for the same tokens, numerically a little different from this one's backup)."""
+    from sglang.srt.managers.schedule_batch import Req
+    from sglang.srt.mem_cache.common import match_kv_cache
+    from sglang_pd.srt.hooks.schedule_batch import around_load_kv_cache
+
+    shared = list(range(1, 17))
+    world.cache_prefix(shared)
+    prompt, outputs = shared + [50, 51, 52], [60, 61, 62, 63, 64]
+    req, fill_len = world.retracted_request(rid, prompt, outputs)
+    plan = current().radix_resume.match_and_lock(req, world.tree, fill_len, match_kv_cache)
+    world.preallocate(req, fill_len, plan.prefix_len)
+    tree_slots = world.tree.prefix_device_indices(req).clone()
+    for buf, sign in ((world.kv.k_buffer, 1), (world.kv.v_buffer, -1)):
+        for layer in range(2):
+            buf[layer][tree_slots] += sign * 0.5
+    tree_kv = _pages_kv(world, tree_slots)
+    expected = [world.token_value(t, i) + 1 for i, t in enumerate((prompt + outputs)[:fill_len])]
+    return req, fill_len, plan, tree_slots, tree_kv, expected, lambda alloc: around_load_kv_cache(
+        Req.load_kv_cache, req, world.rows, alloc)
+
+
+def test_failed_partial_restore_restores_in_full_into_own_pages_not_the_trees(world, ledger):
+    req, fill_len, plan, tree_slots, tree_kv, expected, load = _resume_with_failing_copy(world, "f1")
+    allocator = _FirstLoadFails(world.allocator)
+
+    load(allocator)
+
+    assert allocator.num_failed == 1 and current().hook_errors == {"radix_resume_restore": 1}
+    assert all(torch.equal(a, b) for a, b in zip(_pages_kv(world, tree_slots), tree_kv))  # tree pages untouched
+    row = world.rows.req_to_token[req.kv.req_pool_idx]
+    own_prefix = row[:plan.prefix_len].clone()
+    assert not set(own_prefix.tolist()) & set(tree_slots.tolist())  # the row no longer aliases the tree
+    assert world.row_kv(req, fill_len) == expected  # the whole backup, in the request's own pages
+    assert req.lock is None and req.kv.cache_protected_len == 0 and req.prefix_len == 0
+    assert ledger.owners() == {} and req.kv.retraction_backup is None
+    assert resume_counts(current().radix_resume) == (fill_len, fill_len)  # a full copy, counted as one
+    world.allocator.free(own_prefix)  # what SGLang's release frees: the whole row is the request's
+    world.release(req, fill_len, 0)
+    assert world.match_len(list(range(1, 17))) == 16  # the tree kept its prefix
+    assert check_integrity(world.tree, world.allocator, ledger, idle=True).ok
+
+
+def test_failed_partial_restore_without_free_pages_aborts_and_writes_nothing(world, ledger):
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    req, fill_len, plan, tree_slots, tree_kv, _expected, load = _resume_with_failing_copy(world, "f2")
+    others = world.allocator.alloc(world.allocator.available_size())  # other requests hold every free page
+
+    load(_FirstLoadFails(world.allocator))
+
+    assert all(torch.equal(a, b) for a, b in zip(_pages_kv(world, tree_slots), tree_kv))  # tree pages untouched
+    assert isinstance(req.to_finish, FINISH_ABORT) and req.skip_radix_cache_insert
+    assert req.kv.retraction_backup is None and current().hook_errors == {"radix_resume_restore": 2}
+    row = world.rows.req_to_token[req.kv.req_pool_idx]
+    assert row[:plan.prefix_len].tolist() == tree_slots.tolist() and ledger.owners() == {"f2": 1}
+    world.allocator.free(others)
+    world.release(req, fill_len, plan.prefix_len)  # SGLang's release: own pages freed, the lock given back
+    assert ledger.owners() == {} and check_integrity(world.tree, world.allocator, ledger, idle=True).ok
+
+
+def resume_counts(resume) -> tuple[int, int]:
+    snap = resume.snapshot()
+    return snap["num_backup_tokens"], snap["num_restored_tokens"]

@@ -13,6 +13,15 @@ one eviction pass (a heap over every evictable leaf) per admitted request. A rou
 Planned matches SGLang's loop does not consume (it stopped early for a reason of its own) are
 released by `close()`, so every lock the round took is released exactly once.
 
+Ownership: a planned match belongs to the request OBJECT it was taken for (keyed by `id(req)`, the
+request kept in the entry), never to its rid. SGLang's tokenizer refuses a duplicate rid in flight,
+but several tokenizer workers (DP) or a direct scheduler call can still queue two requests under one
+rid; keyed by rid, the second match overwrote the first's entry and the first's PLANNED lock had no
+owner `close()` would release. The ledger keys its records by the TreeLock object (the rid is only
+its owner label), so two live locks under one rid are unambiguous there. A round seeing a duplicate
+rid plans both, and counts (`admission_round_duplicate_rids_total`) and logs it: rid-keyed records
+elsewhere (the admission plan and hand-off record) cannot tell the two apart.
+
 Sizing is behind `RoundSizer`, so the same planner runs inside the server (sizes from SGLang's own
 budget functions) and in `bench_admission` / unit tests (sizes from a bare allocator and tree).
 Mutating: `open`, `plan`, `take`, `close`. Scheduler thread only.
@@ -20,12 +29,15 @@ Mutating: `open`, `plan`, `take`, `close`. Scheduler thread only.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 from sglang_pd.srt.disaggregation.decode_admission import DecodePrefixAdmission
 from sglang_pd.srt.mem_cache.common import kv_to_page_num, request_kind
 from sglang_pd.srt.mem_cache.lock_ledger import LockState
+
+logger = logging.getLogger(__name__)
 
 
 class RoundSizer(Protocol):
@@ -61,14 +73,17 @@ class AdmissionRound:
     """One round at a time: `open` -> `plan` (first request) -> `take` per request by SGLang's loop -> `close`.
 
     Planned locks are PLANNED in the ledger until `take` hands them to SGLang's loop (HELD);
-    `close` releases the ones nobody took. Counts into the admission's PDCounters.
+    `close` releases the ones nobody took. Entries are keyed by request identity (see the module
+    docstring: two requests may share a rid). Counts into the admission's PDCounters.
     """
 
     def __init__(self, admission: DecodePrefixAdmission):
         self.admission = admission
         self.ledger = admission.ledger
         self.counters = admission.counters
-        self._matches: dict[str, tuple[Any, Any]] = {}  # rid -> (req, MatchResult): locked, not taken
+        # id(req) -> (req, MatchResult): locked, not taken. The entry keeps `req` alive, so its id
+        # cannot be reused by another object while the entry exists.
+        self._matches: dict[int, tuple[Any, Any]] = {}
         self._tree = None
         self._scope: Any = None   # the SGLang prealloc queue whose pop_preallocated call is in progress
         self._planned = False
@@ -94,15 +109,17 @@ class AdmissionRound:
             raise RuntimeError("admission round planned while the previous one still holds locks")
         self._tree, self._planned = tree_cache, True
         rids: list[str] = []
+        seen_rids: set[str] = set()
         num_alloc = refused = 0
         for req in reqs:
+            self._note_duplicate_rid(req, seen_rids)
             result = self.admission.match_and_lock(req, tree_cache, request_kind(req), match_fn,
                                                    state=LockState.PLANNED)
-            self._matches[str(req.rid)] = (req, result)  # from here on close() releases it
-            prefix_len = self.admission.plan_for(str(req.rid)).decode_prefix_len
+            self._matches[id(req)] = (req, result)  # from here on close() releases it
+            prefix_len = self.admission.plan_for(str(req.rid)).decode_prefix_len  # req's own, just recorded
             alloc = sizer.alloc_tokens(req, prefix_len)
             if sizer.admission_tokens(req, alloc, prefix_len) > sizer.budget(len(rids)) - num_alloc:
-                del self._matches[str(req.rid)]
+                del self._matches[id(req)]
                 self._unlock(req)
                 refused = 1
                 break
@@ -120,7 +137,7 @@ class AdmissionRound:
 
     def take(self, req: Any) -> Any | None:
         """The planned, locked match of `req` (handed over once: its lock becomes HELD), or None."""
-        entry = self._matches.pop(str(req.rid), None)
+        entry = self._matches.pop(id(req), None)
         if entry is None:
             return None
         if req.lock is not None:
@@ -137,6 +154,16 @@ class AdmissionRound:
         self.counters.add("admission_round_released_unused_total", len(unused))
         return len(unused)
 
+    def _note_duplicate_rid(self, req: Any, seen_rids: set[str]) -> None:
+        """Count and log a candidate whose rid an earlier candidate of this round had; adds it to
+        `seen_rids`. Both stay planned, each under its own entry and lock."""
+        rid = str(req.rid)
+        if rid in seen_rids:
+            self.counters.add("admission_round_duplicate_rids_total")
+            logger.warning("sglang_pd: two queued requests share rid %r in one admission round; each keeps "
+                           "its own lock, but rid-keyed records (admission plan, hand-off) conflate them", rid)
+        seen_rids.add(rid)
+
     def _unlock(self, req: Any) -> None:
         if req.lock is not None:
             self._tree.unlock(req.lock)
@@ -149,7 +176,8 @@ class AdmissionRound:
                 "num_evictions": count("admission_round_evictions_total"),
                 "num_planned": count("admission_round_planned_requests_total"),
                 "max_round_size": count("admission_round_max_size"),
-                "num_released_unused": count("admission_round_released_unused_total")}
+                "num_released_unused": count("admission_round_released_unused_total"),
+                "num_duplicate_rids": count("admission_round_duplicate_rids_total")}
 
 
 class PoolSizer:

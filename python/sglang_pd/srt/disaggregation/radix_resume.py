@@ -14,12 +14,25 @@ published by the running-request checkpoint). This class owns the better path:
 sampled token has no KV yet) and equals the length of the backup. At least one token is always
 restored, so SGLang never preallocates an empty extension.
 
-Mutating: `match_and_lock`, `restore`, `abandon`. Read-only: `plan_for`, `snapshot`. Scheduler thread only.
+Page ownership: the row's [0, prefix_len) are the TREE's pages (locked, shared with every request
+reading that prefix); only [prefix_len, fill_len) are the request's. Nothing here ever writes into the
+tree's pages. If the partial restore fails, `restore_in_full` first gives the request pages of its own
+for the prefix (allocated, evicting unlocked leaves if needed, while the prefix lock still holds), points
+the row at them and releases the lock: the request is then exactly as SGLang's own resume leaves it
+(no prefix, no lock, `cache_protected_len` 0), and SGLang's full restore writes only its own pages.
+(SGLang's full restore writes the whole row, `req_to_token[row, :fill_len]`: run on the row as
+preallocated for a partial restore, it would overwrite the tree's prefix pages with the backup's KV
+of the same tokens, which another request's computation may have left numerically different, while
+other requests read them.) Without pages for that, `restore_in_full` raises ResumeError having written
+nothing: the row still aliases the locked prefix (the hook then aborts the request).
+
+Mutating: `match_and_lock`, `restore`, `restore_in_full`, `abandon`. Read-only: `plan_for`, `snapshot`.
+Scheduler thread only.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
 from sglang_pd.srt.mem_cache.common import page_align_floor
@@ -68,7 +81,8 @@ class RadixResume:
 
     def __init__(self, counters: PDCounters):
         self.counters = counters
-        self._pending: dict[str, ResumePlan] = {}  # matched, restore not done yet
+        # rid -> (plan, the tree holding its locked prefix): matched, restore not done yet
+        self._pending: dict[str, tuple[ResumePlan, Any]] = {}
 
     def match_and_lock(self, req: Any, tree_cache: Any, fill_len: int, match_fn: Callable) -> ResumePlan:
         """Match the request's own tokens [0, fill_len) and lock the page-aligned hit as `req.lock`.
@@ -93,21 +107,24 @@ class RadixResume:
             with owner_scope(str(req.rid), num_tokens=prefix_len):
                 req.lock = tree_cache.lock(result.last_device_node)
         plan = ResumePlan(str(req.rid), fill_len, prefix_len)
-        self._pending[plan.rid] = plan
+        self._pending[plan.rid] = (plan, tree_cache)
         return plan
 
     def restore(self, req: Any, req_to_token_pool: Any, allocator: Any, load_all: Callable[[], None]) -> bool:
         """Copy back only the backup's tokens past the planned prefix; False if `req` has no plan.
 
         Requires the row to be preallocated by SGLang for this plan (prefix slots from the tree, the
-        rest fresh). With an empty prefix, `load_all()` (SGLang's full restore) runs instead. Clears
-        `req.kv.retraction_backup` (the backup is consumed either way).
+        rest fresh). Writes only [prefix_len, fill_len) of the row, the request's own pages. With an
+        empty prefix, `load_all()` (SGLang's full restore) runs instead. Clears
+        `req.kv.retraction_backup`. If the copy raises, the plan stays pending for `restore_in_full`.
         """
-        plan = self._pending.pop(str(req.rid), None)
-        if plan is None:
+        entry = self._pending.get(str(req.rid))
+        if entry is None:
             return False
+        plan = entry[0]
         backup = req.kv.retraction_backup
-        if backup is None:
+        if backup is None:  # nothing to restore, nor to fall back on: the plan ends here
+            self._pending.pop(str(req.rid), None)
             raise ResumeError(f"{req.rid}: no retraction backup to restore")
         if plan.prefix_len > 0:
             kvcache = allocator.get_kvcache()
@@ -116,18 +133,69 @@ class RadixResume:
             allocator.load_cpu_copy(suffix, slots)
         else:
             load_all()
-        req.kv.retraction_backup = None
-        self._count(plan)
+        self._done(req, plan)
         return True
+
+    def restore_in_full(self, req: Any, req_to_token_pool: Any, allocator: Any, load_all: Callable[[], None]) -> None:
+        """The fallback after a failed `restore`: SGLang's full restore (`load_all`), into pages `req` owns.
+
+        A pending plan with a prefix is first detached from the tree (`_own_prefix_pages`): own pages
+        for [0, prefix_len) in the row, the prefix lock released, the prefix unbound. Without a plan
+        the row holds only the request's pages already. Raises ResumeError, having written nothing, if
+        no pages can be had for the prefix (the caller must then not restore into this row).
+        """
+        entry = self._pending.get(str(req.rid))
+        if entry is not None and entry[0].prefix_len > 0:
+            self._own_prefix_pages(req, entry[0], entry[1], req_to_token_pool, allocator)
+        load_all()
+        if entry is not None:
+            self._done(req, replace(entry[0], prefix_len=0))  # counted as what it was: a full copy
+
+    def _own_prefix_pages(self, req: Any, plan: ResumePlan, tree_cache: Any, req_to_token_pool: Any,
+                          allocator: Any) -> None:
+        """Point the row's [0, prefix_len) at fresh pages of the request and release the prefix lock.
+
+        Allocates before changing anything (evicting unlocked leaves if the pool is short; the locked
+        prefix cannot be evicted meanwhile). Raises ResumeError if that fails: the row and the lock are
+        then unchanged (only unlocked leaves may have been evicted).
+        """
+        slots = self._alloc_own(plan.prefix_len, tree_cache, allocator)
+        if slots is None:
+            raise ResumeError(f"{req.rid}: no free pages for a full restore of its {plan.prefix_len}-token "
+                              f"prefix; it stays on the tree's pages, not restored")
+        req_to_token_pool.write((req.kv.req_pool_idx, slice(0, plan.prefix_len)), slots)
+        self._unbind_prefix(req, tree_cache)  # the row no longer reads the tree's pages
+
+    @staticmethod
+    def _alloc_own(num_tokens: int, tree_cache: Any, allocator: Any) -> Any | None:
+        """`num_tokens` (page-aligned) fresh slots, evicting from the tree if needed; None if impossible."""
+        from sglang.srt.mem_cache.base_prefix_cache import EvictParams
+
+        short = num_tokens - allocator.available_size()
+        if short > 0:
+            tree_cache.evict_for_alloc(EvictParams(num_tokens=short))
+        return allocator.alloc(num_tokens)
 
     def abandon(self, req: Any, tree_cache: Any) -> None:
         """Undo a failed `match_and_lock`: release its lock, drop its plan, unbind the match (mutates)."""
         self._pending.pop(str(req.rid), None)
+        self._unbind_prefix(req, tree_cache)
+
+    @staticmethod
+    def _unbind_prefix(req: Any, tree_cache: Any) -> None:
+        """Release `req.lock` and leave the request as SGLang's own resume has it: no prefix (mutates)."""
         if getattr(req, "lock", None) is not None:
             tree_cache.unlock(req.lock)
             req.lock = None
         req.prefix_len = 0
+        req.kv.cache_protected_len = 0  # the request owns its whole row
         req.last_node = None  # SGLang binds the root prefix again when the request is scheduled
+
+    def _done(self, req: Any, plan: ResumePlan) -> None:
+        """The backup is consumed: drop the plan, clear the backup, count."""
+        self._pending.pop(str(req.rid), None)
+        req.kv.retraction_backup = None
+        self._count(plan)
 
     def _count(self, plan: ResumePlan) -> None:
         self.counters.add("resume_requests_total")
@@ -136,7 +204,8 @@ class RadixResume:
 
     def plan_for(self, rid: str) -> ResumePlan | None:
         """The plan of a request matched but not yet restored (None otherwise)."""
-        return self._pending.get(str(rid))
+        entry = self._pending.get(str(rid))
+        return None if entry is None else entry[0]
 
     def snapshot(self) -> dict:
         """JSON-able counters (from PDCounters): restored tokens with re-match vs a full restore's."""
@@ -147,5 +216,5 @@ class RadixResume:
             "num_backup_tokens": backup,
             "num_restored_tokens": restored,
             "num_reused_tokens": backup - restored,  # taken from the tree instead
-            "pending": {rid: asdict(p) for rid, p in self._pending.items()},
+            "pending": {rid: asdict(p) for rid, (p, _tree) in self._pending.items()},
         }

@@ -4,7 +4,9 @@ and the allocation of a decode-local prefill extend (the pages decode preallocat
 from __future__ import annotations
 
 import logging
+from http import HTTPStatus
 
+from sglang_pd.srt.disaggregation.radix_resume import ResumeError
 from sglang_pd.srt.state import current
 
 logger = logging.getLogger(__name__)
@@ -18,7 +20,11 @@ def after_retract_decode(result, batch):
 
 
 def around_load_kv_cache(original, req, req_to_token_pool, token_to_kv_pool_allocator):
-    """Restore only what radix-aware resume did not take from the tree (full restore without a plan)."""
+    """Restore only what radix-aware resume did not take from the tree (full restore without a plan).
+
+    If the partial restore fails, the full restore runs into pages the request owns (`restore_in_full`
+    detaches the row from the tree's prefix pages first: SGLang's restore writes the whole row). If
+    no such pages can be had, the request is aborted instead of writing the tree's pages."""
     state = current()
 
     def load_all():
@@ -26,11 +32,28 @@ def around_load_kv_cache(original, req, req_to_token_pool, token_to_kv_pool_allo
 
     try:
         restored = state.radix_resume.restore(req, req_to_token_pool, token_to_kv_pool_allocator, load_all)
-    except Exception:  # the tree's prefix slots hold the same KV, so a full restore is still correct
+    except Exception:
         state.hook_failed("radix_resume_restore", "partial restore of %s failed; restoring it in full", req.rid)
         restored = False
     if not restored and req.kv.retraction_backup is not None:
-        load_all()
+        try:
+            state.radix_resume.restore_in_full(req, req_to_token_pool, token_to_kv_pool_allocator, load_all)
+        except ResumeError:
+            state.hook_failed("radix_resume_restore", "%s cannot be restored into pages of its own; aborting it",
+                              req.rid)
+            _abort_unrestored(req)
+
+
+def _abort_unrestored(req) -> None:
+    """End a resumed request whose KV could not be restored (mutates `req`): its backup is dropped, its
+    row (the tree's locked prefix + its own unrestored pages) goes back through SGLang's release at its
+    finish, and its tokens are never inserted into the tree."""
+    from sglang.srt.managers.schedule_batch import FINISH_ABORT
+
+    req.kv.retraction_backup = None
+    req.skip_radix_cache_insert = True
+    req.to_finish = FINISH_ABORT("sglang_pd: retracted request could not be restored (no free KV pages)",
+                                 HTTPStatus.SERVICE_UNAVAILABLE)
 
 
 def around_alloc_for_extend(original, batch):
