@@ -10,8 +10,9 @@ Steps, in order:
      registered (KV pages: NIXL's own page count, or our pool-bounds frame; aux slots: our frame), so
      must the reply address of an ABORT / decline / BOOTSTRAP (prefill answers there), the registration
      table is bounded (when full, the peer unused longest, for at least `peer_idle_s`, gives its place:
-     a restarted decode rank registers under a new name), AUX_DATA must name a room decode is waiting on; prefill: a transfer info for a room whose own request already failed here
-     (and was cleared) is too late;
+     a restarted decode rank registers under a new name), AUX_DATA must name a room decode is waiting on;
+     prefill: a transfer info for a room whose own request already failed here (and was cleared) is too
+     late;
   4. a rejected message with a readable room fails that room (prefill: decode told when it names a
      registered peer; a room not created yet is remembered and failed when it appears).
 Prefill: a transfer info's trailing prompt-digest frame (ours, prompt_binding.py) is taken off before
