@@ -117,6 +117,8 @@ class Verdict(NamedTuple):
     peer_name: str | None = None          # mooncake session id / NIXL agent the message speaks for
     reply_to: tuple[str, int] | None = None
     max_index: int | None = None          # largest destination page index named (transfer info)
+    aux_index: int | None = None          # destination aux slot named (transfer info; None: dummy)
+    max_device_index: int | None = None   # largest destination device page index named (mooncake transfer info)
 
 
 class _Reader:
@@ -124,9 +126,11 @@ class _Reader:
 
     def __init__(self, kind: MessageKind):
         self.kind, self.room, self.peer_name, self.reply_to, self.max_index = kind, None, None, None, None
+        self.aux_index, self.max_device_index = None, None
 
     def verdict(self, reason: str | None = None) -> Verdict:
-        return Verdict(self.kind, reason, self.room, self.peer_name, self.reply_to, self.max_index)
+        return Verdict(self.kind, reason, self.room, self.peer_name, self.reply_to, self.max_index, self.aux_index,
+                       self.max_device_index)
 
 
 def check_message(msg: list[bytes], limits: FrameLimits) -> Verdict:
@@ -345,13 +349,14 @@ def _mooncake_transfer_info(msg, limits, reader):
     _transfer_info_head(msg, limits, reader, ff.mooncake_session)
     dummy = msg[4] == b"" and msg[5] == b""
     if not dummy:
-        ff.ascii_int(msg[5], "aux index", 0, MAX_INT)
+        reader.aux_index = ff.ascii_int(msg[5], "aux index", 0, MAX_INT)
     ff.int_lists(msg[6], "state indices", 4, MAX_STATE_LISTS, limits.max_kv_pages)
     ff.ascii_int(msg[7], "required_dst_info_num", 1, MAX_DST_INFOS)
     if len(msg) > 8:
         _decode_prefix_len(msg[8], limits)
     if len(msg) > 9:
-        ff.int32_indices(msg[9], "device kv indices", limits.max_kv_pages)
+        device = ff.int32_indices(msg[9], "device kv indices", limits.max_kv_pages)
+        reader.max_device_index = int(device.max()) if len(device) else None
 
 
 def _nixl_transfer_info(msg, limits, reader):
@@ -359,7 +364,7 @@ def _nixl_transfer_info(msg, limits, reader):
         reader.room = ff.room(msg[0])
     _frames(msg, 7, 10, "NIXL transfer info")
     _transfer_info_head(msg, limits, reader, lambda f: ff.name(f, "agent name"))
-    ff.ascii_int(msg[5], "aux index", 0, MAX_INT)
+    reader.aux_index = ff.ascii_int(msg[5], "aux index", 0, MAX_INT)
     ff.ascii_int(msg[6], "required_dst_info_num", 1, MAX_DST_INFOS)
     if len(msg) > 7:
         ff.int_lists(msg[7], "state indices", 4, MAX_STATE_LISTS, limits.max_kv_pages)

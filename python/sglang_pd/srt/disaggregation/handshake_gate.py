@@ -6,15 +6,18 @@ Steps, in order:
      and counted; nothing else happens (an impostor cannot fail a room by naming it);
   2. schema (`handshake_frames.check_message`): every frame a reader later touches;
   3. state: a transfer info must name a registered peer at the endpoint it registered (prefill's
-     transfer worker looks it up), so must the reply address of an ABORT / decline / BOOTSTRAP (prefill
-     answers there), the registration table is bounded (when full, the peer unused longest, for at least
-     `peer_idle_s`, gives its place: a restarted decode rank registers under a new name), AUX_DATA must name a room
-     decode is waiting on; prefill: a transfer info for a room whose own request already failed here
-     (and was cleared) is too late;
+     transfer worker looks it up), and its destination indices must lie inside the pools that peer
+     registered (KV pages: NIXL's own page count, or our pool-bounds frame; aux slots: our frame), so
+     must the reply address of an ABORT / decline / BOOTSTRAP (prefill answers there), the registration
+     table is bounded (when full, the peer unused longest, for at least `peer_idle_s`, gives its place:
+     a restarted decode rank registers under a new name), AUX_DATA must name a room decode is waiting on;
+     prefill: a transfer info for a room whose own request already failed here (and was cleared) is too
+     late;
   4. a rejected message with a readable room fails that room (prefill: decode told when it names a
      registered peer; a room not created yet is remembered and failed when it appears).
 Prefill: a transfer info's trailing prompt-digest frame (ours, prompt_binding.py) is taken off before
-step 2 and recorded for its room once admitted; SGLang never sees it.
+step 2 and recorded for its room once admitted; so is a registration's trailing pool-bounds frame (ours,
+pool_bounds.py), recorded for its peer. SGLang never sees either.
 A rejection is logged once per peer (with its reason) and counted per reason; no thread ends.
 Admitted transfer infos are tracked so rooms nobody claims expire (`room_expiry.UnclaimedRooms`).
 
@@ -37,6 +40,7 @@ from sglang_pd.srt.disaggregation.handshake_frames import (MAX_FRAMES, FrameLimi
                                                            check_message)
 from sglang_pd.srt.disaggregation.frame_fields import FrameError
 from sglang_pd.srt.disaggregation.peer_auth import TRAILER_FRAMES, AuthFailure, PeerAuth
+from sglang_pd.srt.disaggregation.pool_bounds import PoolBounds, split_bounds
 from sglang_pd.srt.disaggregation.prompt_binding import PromptDigests, split_digest
 from sglang_pd.srt.disaggregation.room_expiry import RoomTombstones, UnclaimedRooms
 
@@ -59,10 +63,11 @@ class Screened(NamedTuple):
     """A message past authentication and its schema check (`HandshakeGate.screen`), awaiting `decide`."""
 
     msg: list[bytes]             # as received (auth trailer included)
-    body: list[bytes]            # what SGLang would parse (trailer and digest frame off)
+    body: list[bytes]            # what SGLang would parse (trailer, digest and pool-bounds frames off)
     digest: bytes | None         # prefill: the prompt digest frame of a transfer info
-    digest_problem: str | None   # why the digest frame is unreadable
+    frame_problem: str | None    # why our digest or pool-bounds frame is unreadable
     verdict: Verdict
+    pool: PoolBounds | None = None  # prefill: the pool-bounds frame of a registration
 
 
 class PeerRemoval(enum.Enum):
@@ -100,6 +105,7 @@ class GateCounts:
     refused_after_admit: dict[str, int] = field(default_factory=dict)  # admitted here, refused by a later check
     num_late_transfer_infos: int = 0  # prefill: transfer infos for a room its own request had failed
     num_unread: int = 0  # dropped before their frames were read: more frames than any PD message (also in rejected)
+    num_out_of_pool: int = 0  # transfer infos naming an index beyond the registered pool (also in rejected)
 
 
 def registered_endpoint(registered_peer: Callable[[str], PeerRecord | None], name: str,
@@ -136,6 +142,9 @@ class HandshakeGate:
         self._clock = clock
         self.counts = GateCounts()
         self._peers: OrderedDict[str, dict] = OrderedDict()
+        # peer name -> pool bounds its latest admitted registration carried (pool_bounds.py); bounded like
+        # `_peer_used`
+        self._pool_bounds: OrderedDict[str, PoolBounds] = OrderedDict()
         self._lock = threading.Lock()
         self._num_unlogged = 0
         self._last_summary = clock()
@@ -159,22 +168,29 @@ class HandshakeGate:
         body = self._authenticate(msg, peer)
         if body is None:
             return None
-        digest, digest_problem = None, None
+        digest, problem, pool = None, None, None
         if self.digests is not None:
             try:
                 body, digest = split_digest(body)
             except FrameError as exc:
-                body, digest_problem = list(body[:-1]), str(exc)
-        return Screened(msg, body, digest, digest_problem, check_message(body, self.limits))
+                body, problem = list(body[:-1]), str(exc)
+        if self.limits.side is Side.PREFILL and problem is None:
+            try:
+                body, pool = split_bounds(body)
+            except FrameError as exc:
+                body, problem = list(body[:-1]), str(exc)
+        return Screened(msg, body, digest, problem, check_message(body, self.limits), pool)
 
     def decide(self, screened: Screened, peer: str) -> list[bytes] | None:
         """Steps 3-4 for a screened message: room and peer state, then admit (recorded) or reject (its room
         failed). Reads and changes SGLang's room tables: run where no clear can land (the reader's hold)."""
-        msg, body, digest, digest_problem, verdict = screened
-        if digest_problem is None and digest is not None and verdict.kind is not MessageKind.TRANSFER_INFO:
-            digest_problem = f"a prompt digest frame ends a {verdict.kind.value} message"
-        reason = verdict.reason or (digest_problem and f"{verdict.kind.value} for room {verdict.room}: "
-                                    f"{digest_problem}") or self._state_problem(verdict)
+        msg, body, digest, frame_problem, verdict, pool = screened
+        if frame_problem is None and digest is not None and verdict.kind is not MessageKind.TRANSFER_INFO:
+            frame_problem = f"a prompt digest frame ends a {verdict.kind.value} message"
+        if frame_problem is None and pool is not None and verdict.kind is not MessageKind.REGISTRATION:
+            frame_problem = f"a pool bounds frame ends a {verdict.kind.value} message"
+        reason = verdict.reason or (frame_problem and f"{verdict.kind.value} for room {verdict.room}: "
+                                    f"{frame_problem}") or self._state_problem(verdict)
         late = None if reason is not None else self._failed_here(verdict)
         reason = reason or late
         if reason is None and verdict.kind is MessageKind.TRANSFER_INFO and self.digests is not None:
@@ -186,6 +202,8 @@ class HandshakeGate:
             self.unclaimed.note(verdict.room, sum(map(len, body)))
         if verdict.kind in (MessageKind.REGISTRATION, MessageKind.TRANSFER_INFO) and verdict.peer_name is not None:
             self._note_used(verdict.peer_name)
+        if verdict.kind is MessageKind.REGISTRATION and verdict.peer_name is not None:
+            self._note_bounds(verdict.peer_name, pool)
         with self._lock:
             self.counts.num_admitted += 1
             if self.captured is not None:
@@ -270,9 +288,12 @@ class HandshakeGate:
             if (record.endpoint, record.port) != verdict.reply_to:
                 return (f"transfer info for room {verdict.room} names {verdict.reply_to}, but peer "
                         f"{verdict.peer_name!r} registered {(record.endpoint, record.port)}")
-            if record.num_slots is not None and verdict.max_index is not None and verdict.max_index >= record.num_slots:
-                return (f"transfer info for room {verdict.room} names page {verdict.max_index}, beyond the "
-                        f"{record.num_slots} pages peer {verdict.peer_name!r} registered")
+            beyond = self._beyond_pool(verdict, record)
+            if beyond is not None:
+                self._on_count("transfer_infos_out_of_pool_total", 1)
+                with self._lock:
+                    self.counts.num_out_of_pool += 1
+                return beyond
         if kind is MessageKind.REGISTRATION:
             if (self.host.registered_peer(verdict.peer_name) is None and self.host.num_registered() >= self.max_peers
                     and not self._forget_an_idle_peer()):
@@ -288,6 +309,32 @@ class HandshakeGate:
         if kind is MessageKind.AUX_DATA and not self.host.room_claimed(verdict.room):
             return f"AUX_DATA for room {verdict.room}, which this decode is not waiting on"
         return None
+
+    def _beyond_pool(self, verdict: Verdict, record: PeerRecord) -> str | None:
+        """Why a transfer info of registered peer `record` names an index outside the pools it registered
+        (prefill computes base + index * item length from it), or None. KV pages: the smaller of NIXL's
+        own page count and our pool-bounds frame's; aux slots: the frame's. Unknown bounds are not checked."""
+        bounds = self._pool_bounds.get(verdict.peer_name)
+        known = [n for n in (record.num_slots, bounds and bounds.kv_pages) if n]
+        pages, aux_slots = min(known, default=None), (bounds.aux_slots if bounds else 0) or None
+        named = (("kv page indices", verdict.max_index, pages, "pages of its KV pool"),
+                 ("device kv indices", verdict.max_device_index, pages, "pages of its KV pool"),
+                 ("aux index", verdict.aux_index, aux_slots, "slots of its aux buffers"))
+        for what, index, bound, of in named:
+            if index is not None and bound is not None and index >= bound:
+                return (f"transfer info for room {verdict.room}: {what} names {index}, outside the {bound} {of} "
+                        f"peer {verdict.peer_name!r} registered")
+        return None
+
+    def _note_bounds(self, name: str, pool: PoolBounds | None) -> None:
+        """An admitted registration of `name`: its pool bounds replace the old ones (none: forgotten)."""
+        self._pool_bounds.pop(name, None)
+        if pool is None:
+            return
+        self._pool_bounds[name] = pool
+        if len(self._pool_bounds) > 2 * self.max_peers:  # names SGLang did not store first, else the oldest
+            stale = next((n for n in self._pool_bounds if self.host.registered_peer(n) is None), None)
+            self._pool_bounds.pop(stale if stale is not None else next(iter(self._pool_bounds)))
 
     def _note_used(self, name: str) -> None:
         self._peer_used[name] = self._clock()
@@ -308,6 +355,7 @@ class HandshakeGate:
                 self._note_used(name)  # a room still names it: idle only from now
                 continue
             del self._peer_used[name]
+            self._pool_bounds.pop(name, None)
             if removal is PeerRemoval.FORGOTTEN:
                 self._on_count("handshake_peers_forgotten_total", 1)
                 logger.warning("sglang_pd: registration table full (%d peers): forgot peer %r, unused for %.0f s, "
@@ -390,6 +438,7 @@ class HandshakeGate:
                 "num_rooms_failed": counts.num_rooms_failed, "num_unsigned_accepted": counts.num_unsigned_accepted,
                 "refused_after_admit": dict(counts.refused_after_admit),
                 "num_late_transfer_infos": counts.num_late_transfer_infos, "num_unread": counts.num_unread,
+                "num_out_of_pool": counts.num_out_of_pool, "num_peers_with_pool_bounds": len(self._pool_bounds),
                 "peers": {p: {**e, "by_reason": dict(e["by_reason"])} for p, e in self._peers.items()},
                 "max_frame_bytes": self.limits.max_frame_bytes, "max_kv_pages": self.limits.max_kv_pages,
             }

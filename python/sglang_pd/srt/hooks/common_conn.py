@@ -16,6 +16,8 @@ and NIXL managers (subclasses of CommonKVManager):
   is no longer bound to its prompt; a room whose request failed is remembered, so a decode transfer
   info that arrives after is refused and its decode told at once.
 - CommonKVSender._prepare_send_indices (AFTER): KV pages really handed to the transport, per room.
+- Mooncake/NixlKVManager.build_receiver_registration_message (AFTER): decode's registration ends with its
+  pools' bounds (pool_bounds.py), which prefill's gate holds its transfer infos' indices to.
 - the room decline (srt/disaggregation/room_decline.py), both ends of it:
 
     decode:  send_decline(receiver, notice)    -> every prefill rank of the receiver's room (signed)
@@ -36,6 +38,7 @@ from sglang_pd.srt.disaggregation.guarded_socket import Between, GuardedSocket, 
 from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits, Side
 from sglang_pd.srt.disaggregation.handshake_gate import HandshakeGate
 from sglang_pd.srt.disaggregation.manager_host import ManagerHost, registered_targets
+from sglang_pd.srt.disaggregation.pool_bounds import bounds_frame, bounds_of
 from sglang_pd.srt.disaggregation.prompt_binding import PromptDigests
 from sglang_pd.srt.disaggregation.room_decline import DeclineError, DeclineNotice, decline_frames, parse_decline
 from sglang_pd.srt.disaggregation.room_expiry import RoomTombstones, UnclaimedRooms
@@ -195,6 +198,12 @@ def before_send_multipart_locked(mgr, endpoint, parts, is_ipv6=False):
         return None
     parts = [bytes(p) for p in parts]
     return (mgr, endpoint, parts + auth.sign_frames(parts)), {"is_ipv6": is_ipv6}
+
+
+def after_build_receiver_registration_message(result, mgr):
+    """Decode: its registration ends with the pool-bounds frame (pool_bounds.py: its KV pages and aux slots);
+    prefill's gate takes it off and refuses transfer infos naming an index beyond them."""
+    return [*result, bounds_frame(bounds_of(mgr.kv_args))]
 
 
 def after_build_receiver_metadata_message(result, mgr, *, bootstrap_room, required_dst_info_num, kv_indices,

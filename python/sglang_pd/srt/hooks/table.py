@@ -288,6 +288,16 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         ProcessKind.SCHEDULER, "prefill: remember which decodes were already sent a room's Failed status (a "
         "failed transfer's own), so the clear's tell of a failed request does not repeat it"),
     HookSpec(
+        f"{_DISAGG}.mooncake.conn.MooncakeKVManager.build_receiver_registration_message", "AFTER",
+        common_conn.after_build_receiver_registration_message, ProcessKind.SCHEDULER,
+        "decode: a registration ends with its KV pages and aux slots (SGLang's carries pointers and item lengths, "
+        "no buffer lengths), so prefill refuses a transfer info naming an index beyond them (pool_bounds.py)"),
+    HookSpec(
+        f"{_DISAGG}.nixl.conn.NixlKVManager.build_receiver_registration_message", "AFTER",
+        common_conn.after_build_receiver_registration_message, ProcessKind.SCHEDULER,
+        "decode: a registration ends with its KV pages and aux slots (SGLang's carries the page count but no aux "
+        "buffer length), so prefill refuses a transfer info naming an index beyond them (pool_bounds.py)"),
+    HookSpec(
         f"{_DISAGG}.mooncake.conn.MooncakeKVManager.build_receiver_metadata_message", "AFTER",
         common_conn.after_build_receiver_metadata_message, ProcessKind.SCHEDULER,
         "decode: a transfer info ends with its request's prompt digest (prefill serves the room only for that "
