@@ -71,7 +71,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "tree_lock_unknown_releases_total": ("counter", "releases of a lock the ledger never recorded (passed through)"),
     "tree_lock_refused_transitions_total": ("counter", "lock state changes the lifecycle table does not allow"),
     "tree_locks_outstanding": ("gauge", "radix-tree locks taken and not yet released (lock ledger)"),
-    "integrity_checks_total": ("counter", "check_integrity() runs (before /metrics scrapes, at most one a second, and every /sglang_pd/stats call)"),
+    "integrity_checks_total": ("counter", "check_integrity() runs (before /metrics scrapes, at most one a second, and every /sglang_pd/stats call; concurrent callers share one)"),
     "integrity_failures_total": ("counter", "check_integrity() runs that found a violated invariant"),
     # retraction and admission rounds (radix_resume.py, admission_round.py)
     "decode_retractions_total": ("counter", "running decode requests retracted under memory pressure"),
@@ -98,7 +98,8 @@ METRICS: dict[str, tuple[str, str]] = {
     "handshake_messages_rejected_total": ("counter", "PD handshake messages / bootstrap requests dropped as malformed "
                                                      "or out of bounds before SGLang parsed them"),
     "peer_auth_refused_total": ("counter", "PD handshake messages / bootstrap requests or answers refused for a "
-                                           "missing, wrong, stale or replayed auth tag"),
+                                           "missing, wrong, stale or replayed auth tag, or one stamped before the "
+                                           "process started"),
     "handshake_rooms_failed_total": ("counter", "rooms failed because a rejected message named them"),
     "handshake_peers_forgotten_total": ("counter", "peer registrations forgotten to make room for a new peer in a "
                                                    "full registration table (unused longest, no room naming them)"),
