@@ -1,16 +1,20 @@
 """What a stranger who reaches a PD rank port can make libzmq buffer before any code of ours runs.
 
-A PULL socket set up as sglang_pd sets prefill's rank socket (ZMQ_MAXMSGSIZE: a cap per frame) is bound
-in a child process; a raw TCP client speaks ZMTP 3.0 (NULL mechanism, as SGLang's PD sockets use) and
-sends frames of 1 MiB with the MORE flag and never a last frame. libzmq keeps an unfinished multipart
-message until its last frame arrives, and has no cap on the number of frames, so the child's resident
-memory grows with every frame; recv_multipart (and so the gate) never sees the message.
+A rank socket is bound in a child process exactly as sglang_pd's KV-manager hook binds prefill's (SGLang's
+get_zmq_socket_on_host through our hook: ZMQ_MAXMSGSIZE, a cap per frame; with --curve also the CURVE
+server options of SGLANG_PD_PEER_CURVE=1, keys derived from a test secret). A raw TCP client speaks
+ZMTP 3.0 with the NULL mechanism, as SGLang's PD sockets use, and sends frames of 1 MiB with the MORE
+flag and never a last frame. libzmq keeps an unfinished multipart message until its last frame arrives
+and has no cap on the number of frames, so without CURVE the child's resident memory grows with every
+frame, and recv_multipart (and so the gate) never sees the message. With CURVE the handshake fails
+(the stranger has no key) and libzmq takes no message frame from that connection.
 
-    .venv/bin/python docs/peer_fuzz/unfinished_multipart.py > docs/peer_fuzz/unfinished_multipart.log
+    .venv/bin/python docs/peer_fuzz/unfinished_multipart.py [--curve] [--frames N] > docs/peer_fuzz/unfinished_multipart[_curve].log
 
-Prints one JSON line: the child's RSS before and after, the frames sent.
+Prints one JSON line: the child's RSS before and after, the frames the kernel accepted from the client.
 """
 
+import argparse
 import json
 import socket
 import struct
@@ -20,7 +24,7 @@ import time
 
 FRAME_CAP = 16 << 20   # sglang_pd's per-frame cap on prefill's rank socket (zmq_frame_cap's floor)
 FRAME_BYTES = 1 << 20
-NUM_FRAMES = 400
+TEST_SECRET = b"unfinished-multipart-test-secret-0123456789"
 
 
 def rss_mib(pid: int) -> float:
@@ -28,12 +32,19 @@ def rss_mib(pid: int) -> float:
         return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
 
 
-def child() -> None:
+def child(curve: bool) -> None:
     import zmq
+    from sglang.srt.utils.network import get_zmq_socket_on_host
 
-    sock = zmq.Context().socket(zmq.PULL)
-    sock.setsockopt(zmq.MAXMSGSIZE, FRAME_CAP)
-    print(sock.bind_to_random_port("tcp://127.0.0.1"), flush=True)
+    from sglang_pd.srt.disaggregation.curve_keys import derive_keys
+    from sglang_pd.srt.disaggregation.peer_auth import PeerAuth
+    from sglang_pd.srt.hooks.network import around_get_zmq_socket_on_host, rank_socket_options
+
+    keys = derive_keys(PeerAuth([TEST_SECRET])) if curve else None
+    with rank_socket_options(FRAME_CAP, keys):
+        port, sock = around_get_zmq_socket_on_host(get_zmq_socket_on_host, zmq.Context(), zmq.PULL, "127.0.0.1")
+    mechanism = {zmq.NULL: "NULL", zmq.CURVE: "CURVE"}[sock.getsockopt(zmq.MECHANISM)]
+    print(json.dumps({"port": port, "mechanism": mechanism}), flush=True)
     while True:
         if sock.poll(200):
             sock.recv_multipart()
@@ -44,13 +55,11 @@ def zmtp_frame(body: bytes, more: bool) -> bytes:
     return bytes([flags]) + struct.pack(">Q", len(body)) + body
 
 
-def main() -> None:
-    proc = subprocess.Popen([sys.executable, __file__, "child"], stdout=subprocess.PIPE, text=True)
+def send_unfinished(port: int, num_frames: int) -> int:
+    """Frames the receiver's kernel accepted before the connection ended (all of them, when it never ends)."""
+    conn = socket.create_connection(("127.0.0.1", port))
+    sent = 0
     try:
-        port = int(proc.stdout.readline())
-        time.sleep(0.5)
-        before = rss_mib(proc.pid)
-        conn = socket.create_connection(("127.0.0.1", port))
         # ZMTP 3.0 greeting (NULL mechanism, as-server 0), then READY with Socket-Type PUSH
         conn.sendall(b"\xff" + b"\0" * 8 + b"\x7f" + bytes([3, 0]) + b"NULL".ljust(20, b"\0") + b"\0" * 32)
         ready = b"\x05READY" + bytes([11]) + b"Socket-Type" + struct.pack(">I", 4) + b"PUSH"
@@ -58,12 +67,35 @@ def main() -> None:
         conn.settimeout(5)
         conn.recv(64)
         chunk = b"x" * FRAME_BYTES
-        for _ in range(NUM_FRAMES):
+        for _ in range(num_frames):
             conn.sendall(zmtp_frame(chunk, more=True))
+            sent += 1
+    except OSError:  # the receiver dropped the connection (CURVE: the handshake failed)
+        pass
+    finally:
         time.sleep(2)
-        after = rss_mib(proc.pid)
         conn.close()
-        print(json.dumps({"per_frame_cap_bytes": FRAME_CAP, "frames_sent": NUM_FRAMES, "frame_bytes": FRAME_BYTES,
+    return sent
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--curve", action="store_true", help="bind the rank socket with SGLANG_PD_PEER_CURVE=1's options")
+    p.add_argument("--frames", type=int, default=400)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        return child(args.curve)
+    proc = subprocess.Popen([sys.executable, __file__, "--child"] + (["--curve"] if args.curve else []),
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        bound = json.loads(proc.stdout.readline())
+        time.sleep(0.5)
+        before = rss_mib(proc.pid)
+        sent = send_unfinished(bound["port"], args.frames)
+        after = rss_mib(proc.pid)
+        print(json.dumps({"mechanism": bound["mechanism"], "per_frame_cap_bytes": FRAME_CAP,
+                          "frames_to_send": args.frames, "frames_sent": sent, "frame_bytes": FRAME_BYTES,
                           "last_frame_sent": False, "receiver_rss_mib_before": round(before, 1),
                           "receiver_rss_mib_after": round(after, 1)}))
     finally:
@@ -72,4 +104,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    child() if sys.argv[1:] == ["child"] else main()
+    main()

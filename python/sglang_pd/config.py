@@ -28,6 +28,7 @@ TEST_LOGS = f"{PREFIX}TEST_LOGS"
 MOONCAKE_MAX_BATCH_DESCRIPTORS = f"{PREFIX}MOONCAKE_MAX_BATCH_DESCRIPTORS"
 PEER_SECRET_FILE = f"{PREFIX}PEER_SECRET_FILE"
 PEER_AUTH_MAX_SKEW_S = f"{PREFIX}PEER_AUTH_MAX_SKEW_S"
+PEER_CURVE = f"{PREFIX}PEER_CURVE"
 UNCLAIMED_ROOM_TTL_S = f"{PREFIX}UNCLAIMED_ROOM_TTL_S"
 IDLE_WAIT_US = f"{PREFIX}IDLE_WAIT_US"
 TRANSFER_WORKER_NICE = f"{PREFIX}TRANSFER_WORKER_NICE"
@@ -159,6 +160,12 @@ SETTINGS: tuple[Setting, ...] = (
             "first signs, all verify: rotation). Every handshake message and bootstrap request is then "
             "authenticated (HMAC-SHA256, timestamp + nonce). Same file on every PD server; unset: peers are "
             "not authenticated (one warning at start-up)", _secret_file),
+    Setting(PEER_CURVE, "peer_curve", "0",
+            f"1: the PD rank sockets speak ZMQ CURVE with a key pair derived from {PEER_SECRET_FILE} (required): a "
+            "peer without the secret cannot send a single frame (libzmq buffers an unfinished multipart message "
+            "without bound before any check runs), and control messages are encrypted. Every PD server of the "
+            "deployment must set it alike; the pair comes from the first key, so a key rotation needs all "
+            "servers restarted together", _flag),
     Setting(PEER_AUTH_MAX_SKEW_S, "peer_auth_max_skew_s", "30",
             "seconds a signed handshake message stays acceptable (clocks of PD servers must agree within it)",
             _positive("seconds")),
@@ -209,6 +216,7 @@ class Settings:
     mooncake_max_batch_descriptors: int = 512
     peer_secret_file: Path | None = None
     peer_auth_max_skew_s: float = 30.0
+    peer_curve: bool = False
     unclaimed_room_ttl_s: float = 120.0
     idle_wait_us: int = 500
     transfer_worker_nice: int = 19
@@ -254,6 +262,8 @@ def _conflicts(values: dict[str, Any], env: Mapping[str, str]) -> list[str]:
     if values.get("peer_secret_file") and env.get("SGLANG_DISAGG_STAGING_BUFFER", "").lower() in ("1", "true"):
         problems.append(f"{PEER_SECRET_FILE} cannot be combined with SGLANG_DISAGG_STAGING_BUFFER=1: SGLang sends "
                         "staging requests on sockets sglang_pd does not sign")
+    if values.get("peer_curve") and not values.get("peer_secret_file"):
+        problems.append(f"{PEER_CURVE}=1 needs {PEER_SECRET_FILE}: the CURVE key pair is derived from the secret")
     threshold = values.get("local_prefill_tokens", 0)
     step = values.get("local_prefill_step_tokens", Settings.local_prefill_step_tokens)
     if threshold > step:

@@ -24,7 +24,7 @@ from sglang_pd.srt.disaggregation.idle_wait import IdleWait
 from sglang_pd.srt.disaggregation.worker_priority import TransferWorkerPriority
 from sglang_pd.srt.disaggregation.local_prefill import LocalPrefill
 from sglang_pd.srt.disaggregation.nixl_host_memory import HostMemoryScope
-from sglang_pd.srt.disaggregation.peer_guard import PeerGuard, load_auth
+from sglang_pd.srt.disaggregation.peer_guard import PeerGuard, build_peer_guard
 from sglang_pd.srt.disaggregation.prefill_transfer_log import PrefillTransferLog
 from sglang_pd.srt.disaggregation.radix_resume import RadixResume
 from sglang_pd.srt.disaggregation.room_decline import RoomDeclineTable
@@ -171,8 +171,8 @@ def build_state(kind: ProcessKind, settings: Settings) -> ProcessState:
         room_declines=RoomDeclineTable(counters),
         transfer_watch=TransferWatch(settings.nixl_stall_timeout_s, prefill_log, faults),
         shared_attention=SharedAttentionStats(counters),
-        peer_guard=PeerGuard(auth=load_auth(settings.peer_secret_file, settings.peer_auth_max_skew_s),
-                             room_ttl_s=settings.unclaimed_room_ttl_s),
+        peer_guard=build_peer_guard(settings.peer_secret_file, settings.peer_auth_max_skew_s, settings.peer_curve,
+                                    settings.unclaimed_room_ttl_s),
         idle_wait=IdleWait(settings.idle_wait_us / 1e6, counters),
         transfer_worker_priority=TransferWorkerPriority(settings.transfer_worker_nice, counters),
         helper_threads=HelperThreadPolicy(settings.helper_threads_batch, counters))

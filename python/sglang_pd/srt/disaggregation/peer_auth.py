@@ -168,6 +168,11 @@ class PeerAuth:
     def __repr__(self) -> str:  # never show the keys
         return f"PeerAuth(keys={self.key_ids}, max_skew_s={self.max_skew_s})"
 
+    def derive(self, label: bytes) -> bytes:
+        """32 bytes derived from the signing key for `label` (HMAC-SHA256; e.g. the CURVE key pair): the key
+        itself never leaves this object."""
+        return hmac.new(self._keys[self._signing_id], b"sglang_pd derive\0" + label, hashlib.sha256).digest()
+
     # ---- ZMQ ------------------------------------------------------------------------------------------
     def sign_frames(self, frames: list[bytes]) -> list[bytes]:
         """The trailer to append to `frames` (read-only on `frames`)."""

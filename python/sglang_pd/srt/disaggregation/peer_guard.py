@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from sglang_pd.srt.disaggregation.curve_keys import CurveKeys, derive_keys
 from sglang_pd.srt.disaggregation.handshake_gate import HandshakeGate
 from sglang_pd.srt.disaggregation.peer_auth import PeerAuth
 from sglang_pd.srt.disaggregation.prompt_binding import OutgoingDigests, PromptDigests
@@ -31,6 +32,12 @@ UNAUTHENTICATED_WARNING = (
 def load_auth(secret_file: Path | None, max_skew_s: float) -> PeerAuth | None:
     """PeerAuth from the secret file (already checked by Settings), or None when no file is configured."""
     return None if secret_file is None else PeerAuth.from_file(secret_file, max_skew_s)
+
+
+def build_peer_guard(secret_file: Path | None, max_skew_s: float, curve: bool, room_ttl_s: float) -> PeerGuard:
+    """The guard of one process from its settings (Settings refused `curve` without a secret file)."""
+    auth = load_auth(secret_file, max_skew_s)
+    return PeerGuard(auth=auth, curve=derive_keys(auth) if curve else None, room_ttl_s=room_ttl_s)
 
 
 @dataclass
@@ -64,6 +71,7 @@ class PeerGuard:
     """Per-process guard objects (None until the matching SGLang object exists here)."""
 
     auth: PeerAuth | None = None
+    curve: CurveKeys | None = None               # SGLANG_PD_PEER_CURVE=1: the rank sockets' key pair
     room_ttl_s: float = 120.0                   # SGLANG_PD_UNCLAIMED_ROOM_TTL_S
     gate: HandshakeGate | None = None
     watch: ThreadWatch | None = None
@@ -97,6 +105,7 @@ class PeerGuard:
         view = {
             "auth": "hmac-sha256" if self.auth else "off",
             "key_ids": self.auth.key_ids if self.auth else [],
+            "curve": "on" if self.curve else "off",
             "endpoint": self.endpoint,
             "pool": self.pool,
             "gate": self.gate.snapshot() if self.gate else None,

@@ -44,7 +44,8 @@ from sglang_pd.srt.disaggregation.room_decline import DeclineError, DeclineNotic
 from sglang_pd.srt.disaggregation.room_expiry import RoomTombstones, UnclaimedRooms
 from sglang_pd.srt.disaggregation.thread_watch import ThreadRole, ThreadWatch, Watchdog
 from sglang_pd.srt.fault_injection import Fault
-from sglang_pd.srt.hooks.network import frame_cap
+from sglang_pd.srt.disaggregation import curve_keys
+from sglang_pd.srt.hooks.network import rank_socket_options
 from sglang_pd.srt.mem_cache.common import bytes_per_page
 from sglang_pd.srt.state import current, mode_name
 
@@ -59,7 +60,7 @@ def around_manager_init(original, mgr, args, disaggregation_mode, server_args, i
     limits = frame_limits(args, type(mgr).__module__, mode_name(disaggregation_mode))
     if limits is None and current().peer_guard.auth is not None:  # fail closed: a secret set, no guard possible
         raise RuntimeError(unguarded_with_secret(type(mgr)))
-    with frame_cap(zmq_frame_cap(limits) if limits else None):
+    with rank_socket_options(zmq_frame_cap(limits) if limits else None, current().peer_guard.curve):
         original(mgr, args, disaggregation_mode, server_args, is_mla_backend)
     if limits is None:
         logger.warning("sglang_pd: %s rank socket is not guarded (only mooncake and nixl are)", type(mgr).__name__)
@@ -216,11 +217,25 @@ def after_build_receiver_metadata_message(result, mgr, *, bootstrap_room, requir
 
 
 def around_receiver_connect(original, cls, endpoint, is_ipv6=False):
-    """Decode's PUSH sockets to prefill ranks sign every message (no-op without a secret). A classmethod
-    upstream: SGLang's registry hands the hook the class first."""
+    """Decode's PUSH sockets to prefill ranks sign every message (no-op without a secret), and with
+    SGLANG_PD_PEER_CURVE=1 are CURVE clients (the receivers' shared context makes them so; checked). A
+    classmethod upstream: SGLang's registry hands the hook the class first."""
+    guard = current().peer_guard
+    if guard.curve is not None:
+        curve_keys.set_context_defaults(cls._ctx, curve_keys.client_options(guard.curve))
     sock, lock = original(cls, endpoint, is_ipv6)
-    auth = current().peer_guard.auth
-    return (sock, lock) if auth is None else (SigningSocket.around(sock, auth), lock)
+    if guard.curve is not None:
+        curve_keys.check_socket(sock, server=False, what=f"decode's socket to {endpoint}")
+    return (sock, lock) if guard.auth is None else (SigningSocket.around(sock, guard.auth), lock)
+
+
+def after_manager_connect(result, mgr, endpoint, is_ipv6=False):
+    """With SGLANG_PD_PEER_CURVE=1, every PUSH socket a manager made to a peer's rank socket must be a CURVE
+    client (its context's defaults, set when the rank socket was bound, make it one): checked, never used
+    in the clear."""
+    if current().peer_guard.curve is not None:
+        curve_keys.check_socket(result, server=False, what=f"{type(mgr).__name__}'s socket to {endpoint}")
+    return result
 
 
 def after_sender_init(result, sender, mgr, bootstrap_addr, bootstrap_room, req_has_disagg_prefill_dp_rank=False):

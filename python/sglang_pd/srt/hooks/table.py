@@ -279,7 +279,11 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
     HookSpec(
         "sglang.srt.utils.network.get_zmq_socket_on_host", "AROUND", network.around_get_zmq_socket_on_host,
         ProcessKind.SCHEDULER, "inside a KV manager's construction only: bind its PULL socket with "
-        "ZMQ_MAXMSGSIZE, so an oversize frame is refused before it is buffered"),
+        "ZMQ_MAXMSGSIZE, so an oversize frame is refused before it is buffered, and with "
+        "SGLANG_PD_PEER_CURVE=1 as a CURVE server (its context then makes CURVE clients)"),
+    HookSpec(
+        f"{_CONN}.CommonKVManager._connect", "AFTER", common_conn.after_manager_connect, ProcessKind.SCHEDULER,
+        "with SGLANG_PD_PEER_CURVE=1: check that each PUSH socket a manager made to a peer is a CURVE client"),
     HookSpec(
         f"{_CONN}.CommonKVManager._send_multipart_locked", "BEFORE", common_conn.before_send_multipart_locked,
         ProcessKind.SCHEDULER, "sign what prefill sends decode (status, ABORT_ACK, AUX_DATA) when a secret is set"),
@@ -310,7 +314,7 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
     HookSpec(
         f"{_CONN}.CommonKVReceiver._connect", "AROUND", common_conn.around_receiver_connect, ProcessKind.SCHEDULER,
         "sign what decode sends prefill (registration, transfer info, ABORT, BOOTSTRAP, room decline) when a "
-        "secret is set"),
+        "secret is set; with SGLANG_PD_PEER_CURVE=1 make those sockets CURVE clients (checked)"),
     HookSpec(
         f"{_CONN}.CommonKVSender.clear", "AROUND", common_conn.around_sender_clear, ProcessKind.SCHEDULER,
         "prefill: the clear waits until the bootstrap thread is between two messages (0.5.23's thread died of "

@@ -1,0 +1,113 @@
+"""A PD pair with SGLANG_PD_PEER_CURVE=1 (secret + CURVE on every rank socket), per transfer backend: it
+serves the same tokens as a plain server through a handshake that ran over CURVE, and a stranger who
+reaches a rank port can neither deliver a message nor make libzmq buffer an unfinished one.
+
+One pair per backend, this module's own (stopped after its tests, before the next backend's starts).
+"""
+
+import random
+import socket
+import struct
+import time
+
+import psutil
+import pytest
+
+from sglang_pd.harness import DeploymentConfig, PDDeployment
+from sglang_pd.harness.hostile_peer import PeerSocket, Templates, handshake_view, rank_endpoint
+from sglang_pd.models import VOCAB_SIZE
+
+from conftest import LOG_ROOT, WAITING_TIMEOUT_S, peer_secret_file
+
+pytestmark = pytest.mark.integration
+
+FRAME_BYTES = 1 << 20
+NUM_FRAMES = 200
+
+
+@pytest.fixture(scope="module", params=["mooncake_tcp", "nixl"])
+def dep(request):
+    env = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)),
+           ("SGLANG_PD_PEER_SECRET_FILE", str(peer_secret_file())), ("SGLANG_PD_PEER_CURVE", "1"))
+    deployment = PDDeployment(DeploymentConfig(page_size=16, transfer_backend=request.param,
+                                               log_dir=LOG_ROOT / f"curve_{request.param}", env_overrides=env))
+    try:
+        deployment.start()
+        deployment.wait_clean()
+        yield deployment
+    finally:
+        deployment.stop()
+
+
+def _prompt(seed: int, prefix: list[int]) -> list[int]:
+    rng = random.Random(seed)
+    return prefix + [rng.randrange(3, VOCAB_SIZE) for _ in range(20)]
+
+
+def _rss_mib(server) -> float:
+    root = psutil.Process(server.proc.pid)
+    return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]) / 2**20
+
+
+def _unfinished_multipart(endpoint: str) -> int:
+    """A raw ZMTP 3.0 client (NULL mechanism, no key) sends 1 MiB frames with MORE and never the last one;
+    returns how many the receiver's kernel took before the connection ended."""
+    host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
+    sent = 0
+    with socket.create_connection((host, int(port))) as conn:
+        try:
+            conn.sendall(b"\xff" + b"\0" * 8 + b"\x7f" + bytes([3, 0]) + b"NULL".ljust(20, b"\0") + b"\0" * 32)
+            ready = b"\x05READY" + bytes([11]) + b"Socket-Type" + struct.pack(">I", 4) + b"PUSH"
+            conn.sendall(bytes([0x04, len(ready)]) + ready)
+            frame = bytes([0x03]) + struct.pack(">Q", FRAME_BYTES) + b"x" * FRAME_BYTES
+            for _ in range(NUM_FRAMES):
+                conn.sendall(frame)
+                sent += 1
+        except OSError:  # the rank socket dropped the connection
+            pass
+        time.sleep(2)
+    return sent
+
+
+def test_a_curve_pair_serves_what_a_plain_server_serves(dep: PDDeployment, plain_url):
+    """Four requests at once over a shared 64-token prefix: the registrations, transfer infos and statuses
+    all crossed CURVE sockets (both gates admitted them), outputs equal a plain server's, pair clean."""
+    prefix = _prompt(0, [])[:20] * 3 + [7, 8, 9, 10]
+    for server in (dep.prefill, dep.decodes[0]):
+        assert handshake_view(dep, server)["curve"] == "on"
+    prompts = [_prompt(seed, prefix) for seed in range(1, 5)]
+    import concurrent.futures as cf
+
+    with cf.ThreadPoolExecutor(4) as pool:
+        outputs = list(pool.map(lambda p: dep.generate_pd(p, 8)[1]["output_ids"], prompts))
+    assert outputs == [dep.generate(plain_url, p, 8)["output_ids"] for p in prompts]
+    for server in (dep.prefill, dep.decodes[0]):
+        gate = handshake_view(dep, server)["gate"]
+        assert gate["num_admitted"] > 0 and not gate["auth_refused"], gate
+    dep.wait_clean()
+
+
+def test_a_stranger_delivers_nothing_and_its_unfinished_message_is_not_buffered(dep: PDDeployment,
+                                                                                 plain_url):
+    """Before the check, the stranger's socket is refused CURVE's handshake: a complete message in the clear
+    never reaches either gate (it would have been counted as `missing`), and 200 MiB of an unfinished
+    multipart message leave both servers' memory as it was (without CURVE, +400 MiB for 400 frames:
+    docs/peer_fuzz/unfinished_multipart.log)."""
+    templates = Templates("nixl" if dep.config.transfer_backend == "nixl" else "mooncake")
+    for server in (dep.prefill, dep.decodes[0]):
+        endpoint = rank_endpoint(dep, server)
+        before = handshake_view(dep, server)["gate"]
+        with PeerSocket(endpoint) as stranger:
+            stranger.send(templates.abort(12345))
+            time.sleep(2)
+        rss_before = _rss_mib(server)
+        sent = _unfinished_multipart(endpoint)
+        grown = _rss_mib(server) - rss_before
+        after = handshake_view(dep, server)["gate"]
+        assert after["num_received"] == before["num_received"], (server.name, before, after)
+        assert grown < 50, f"{server.name}: +{grown:.0f} MiB for {sent} unfinished frames"
+        print(f"CURVE {dep.config.transfer_backend} {server.name}: stranger's frames taken by the kernel {sent} "
+              f"of {NUM_FRAMES}, RSS {grown:+.1f} MiB, gate received {after['num_received']} (unchanged)")
+    prompt = _prompt(9, [])
+    assert dep.generate_pd(prompt, 8)[1]["output_ids"] == dep.generate(plain_url, prompt, 8)["output_ids"]
+    dep.wait_clean()
