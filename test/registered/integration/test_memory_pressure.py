@@ -50,7 +50,7 @@ def test_retraction_keeps_outputs_and_stays_balanced(pd_pressure: PDDeployment, 
                                        "num_backup_tokens": resume["num_backup_tokens"],
                                        "num_reused_tokens": resume["num_reused_tokens"]})
     assert state["num_retracted"] > 0, "the load must force decode retraction"
-    assert resume["num_resumed"] > 0 and resume["pending"] == {} and state["hook_errors"] == {}
+    assert resume["num_resumed"] > 0 and resume["pending"] == [] and state["hook_errors"] == {}
     assert resume["num_reused_tokens"] >= 48 * resume["num_resumed"]  # at least the shared prefix each
     assert resume["num_restored_tokens"] + resume["num_reused_tokens"] == resume["num_backup_tokens"]
     for prompt, out in zip(prompts, outs):
@@ -85,7 +85,7 @@ def test_abort_in_the_retracted_queue(pd_pressure: PDDeployment):
     finished = [j["resp"][1] for rid, j in zip(rids, jobs) if rid != victim]
     assert all(r.status_code == 200 and len(r.json()["output_ids"]) == NEW_TOKENS for r in finished)
     reports = dep.wait_clean(timeout_s=120)
-    assert reports["decode0"]["radix_resume"]["pending"] == {}
+    assert reports["decode0"]["radix_resume"]["pending"] == []
     assert victim not in reports["decode0"]["lock_ledger"]["owners"]
 
 

@@ -181,6 +181,36 @@ def test_resume_refuses_a_request_still_holding_a_lock(world, ledger):
     assert ledger.owners() == {} and current().lock_ledger is ledger
 
 
+def test_two_requests_under_one_rid_each_restore_their_own_plan(world, ledger):
+    """Plans are kept per request object: with one rid for two retracted requests (several tokenizers, a
+    direct scheduler call), the second's match must not replace the first's plan (before: the first was
+    restored with the second's plan, and the second found none)."""
+    from sglang.srt.mem_cache.common import match_kv_cache
+
+    shared = list(range(1, 17))
+    world.cache_prefix(shared)
+    first, first_fill = world.retracted_request("dup", shared + [50, 51, 52], [60, 61])
+    second, second_fill = world.retracted_request("dup", shared + [90], [91, 92, 93, 94, 95, 96])
+    resume = RadixResume(ledger.counters)
+    plans, fresh = [], []
+    for req, fill_len in ((first, first_fill), (second, second_fill)):
+        plans.append(resume.match_and_lock(req, world.tree, fill_len, match_kv_cache))
+        world.preallocate(req, fill_len, plans[-1].prefix_len)
+        fresh.append(world._fresh)
+    assert [resume.plan_for(r).fill_len for r in (first, second)] == [first_fill, second_fill] == [20, 22]
+    assert ledger.owners() == {"dup": 2} and len(resume.snapshot()["pending"]) == 2
+    for req in (first, second):
+        assert resume.restore(req, world.rows, world.allocator, lambda: pytest.fail("no full restore expected"))
+    for req, fill_len, seq in ((first, first_fill, shared + [50, 51, 52, 60]),
+                               (second, second_fill, shared + [90, 91, 92, 93, 94, 95])):
+        assert world.row_kv(req, fill_len) == [world.token_value(t, i) + 1 for i, t in enumerate(seq)]
+    assert resume.snapshot()["pending"] == [] and resume_counts(resume) == (42, 4 + 6)
+    for req, slots in ((first, fresh[0]), (second, fresh[1])):
+        world._fresh = slots
+        world.release(req, 0, 0)
+    assert ledger.owners() == {} and check_integrity(world.tree, world.allocator, ledger, idle=True).ok
+
+
 # ---- a failed partial restore: the full-restore fallback must not write the tree's pages -------------
 class _FirstLoadFails:
     """The real paged allocator, except that its first `load_cpu_copy` raises (the partial restore's

@@ -81,8 +81,11 @@ class RadixResume:
 
     def __init__(self, counters: PDCounters):
         self.counters = counters
-        # rid -> (plan, the tree holding its locked prefix): matched, restore not done yet
-        self._pending: dict[str, tuple[ResumePlan, Any]] = {}
+        # id(req) -> (req, plan, the tree holding its locked prefix): matched, restore not done yet. Keyed by
+        # the request object, not its rid: two requests under one rid (several tokenizers, a direct
+        # scheduler call) must not take each other's plan; the entry keeps its request, so its id is not
+        # reused while it is pending.
+        self._pending: dict[int, tuple[Any, ResumePlan, Any]] = {}
 
     def match_and_lock(self, req: Any, tree_cache: Any, fill_len: int, match_fn: Callable) -> ResumePlan:
         """Match the request's own tokens [0, fill_len) and lock the page-aligned hit as `req.lock`.
@@ -107,7 +110,7 @@ class RadixResume:
             with owner_scope(str(req.rid), num_tokens=prefix_len):
                 req.lock = tree_cache.lock(result.last_device_node)
         plan = ResumePlan(str(req.rid), fill_len, prefix_len)
-        self._pending[plan.rid] = (plan, tree_cache)
+        self._pending[id(req)] = (req, plan, tree_cache)
         return plan
 
     def restore(self, req: Any, req_to_token_pool: Any, allocator: Any, load_all: Callable[[], None]) -> bool:
@@ -118,13 +121,13 @@ class RadixResume:
         empty prefix, `load_all()` (SGLang's full restore) runs instead. Clears
         `req.kv.retraction_backup`. If the copy raises, the plan stays pending for `restore_in_full`.
         """
-        entry = self._pending.get(str(req.rid))
+        entry = self._pending.get(id(req))
         if entry is None:
             return False
-        plan = entry[0]
+        plan = entry[1]
         backup = req.kv.retraction_backup
         if backup is None:  # nothing to restore, nor to fall back on: the plan ends here
-            self._pending.pop(str(req.rid), None)
+            self._pending.pop(id(req), None)
             raise ResumeError(f"{req.rid}: no retraction backup to restore")
         if plan.prefix_len > 0:
             kvcache = allocator.get_kvcache()
@@ -144,12 +147,12 @@ class RadixResume:
         the row holds only the request's pages already. Raises ResumeError, having written nothing, if
         no pages can be had for the prefix (the caller must then not restore into this row).
         """
-        entry = self._pending.get(str(req.rid))
-        if entry is not None and entry[0].prefix_len > 0:
-            self._own_prefix_pages(req, entry[0], entry[1], req_to_token_pool, allocator)
+        entry = self._pending.get(id(req))
+        if entry is not None and entry[1].prefix_len > 0:
+            self._own_prefix_pages(req, entry[1], entry[2], req_to_token_pool, allocator)
         load_all()
         if entry is not None:
-            self._done(req, replace(entry[0], prefix_len=0))  # counted as what it was: a full copy
+            self._done(req, replace(entry[1], prefix_len=0))  # counted as what it was: a full copy
 
     def _own_prefix_pages(self, req: Any, plan: ResumePlan, tree_cache: Any, req_to_token_pool: Any,
                           allocator: Any) -> None:
@@ -178,7 +181,7 @@ class RadixResume:
 
     def abandon(self, req: Any, tree_cache: Any) -> None:
         """Undo a failed `match_and_lock`: release its lock, drop its plan, unbind the match (mutates)."""
-        self._pending.pop(str(req.rid), None)
+        self._pending.pop(id(req), None)
         self._unbind_prefix(req, tree_cache)
 
     @staticmethod
@@ -193,7 +196,7 @@ class RadixResume:
 
     def _done(self, req: Any, plan: ResumePlan) -> None:
         """The backup is consumed: drop the plan, clear the backup, count."""
-        self._pending.pop(str(req.rid), None)
+        self._pending.pop(id(req), None)
         req.kv.retraction_backup = None
         self._count(plan)
 
@@ -202,10 +205,10 @@ class RadixResume:
         self.counters.add("resume_backup_tokens_total", plan.fill_len)       # a full restore's copy
         self.counters.add("resume_restored_tokens_total", plan.num_restored_tokens)  # this path's copy
 
-    def plan_for(self, rid: str) -> ResumePlan | None:
-        """The plan of a request matched but not yet restored (None otherwise)."""
-        entry = self._pending.get(str(rid))
-        return None if entry is None else entry[0]
+    def plan_for(self, req: Any) -> ResumePlan | None:
+        """The plan of request `req` (the object) matched but not yet restored (None otherwise)."""
+        entry = self._pending.get(id(req))
+        return None if entry is None else entry[1]
 
     def snapshot(self) -> dict:
         """JSON-able counters (from PDCounters): restored tokens with re-match vs a full restore's."""
@@ -216,5 +219,5 @@ class RadixResume:
             "num_backup_tokens": backup,
             "num_restored_tokens": restored,
             "num_reused_tokens": backup - restored,  # taken from the tree instead
-            "pending": {rid: asdict(p) for rid, (p, _tree) in self._pending.items()},
+            "pending": [asdict(plan) for _req, plan, _tree in self._pending.values()],  # each names its rid
         }
