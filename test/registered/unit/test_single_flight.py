@@ -11,14 +11,6 @@ from sglang_pd.srt.single_flight import SingleFlight
 pytestmark = pytest.mark.unit
 
 
-class Clock:
-    def __init__(self):
-        self.now = 100.0
-
-    def __call__(self):
-        return self.now
-
-
 class HeldQuestion:
     """An async question that stays out until `release`; counts how often it was asked."""
 
@@ -63,13 +55,13 @@ def test_without_an_interval_each_later_caller_asks_again():
 
 def test_an_answer_younger_than_the_interval_is_reused():
     async def run():
-        clock, question = Clock(), HeldQuestion()
+        now, question = [100.0], HeldQuestion()
         question.released.set()
-        flight = SingleFlight(question, min_interval_s=1.0, clock=clock)
+        flight = SingleFlight(question, min_interval_s=1.0, clock=lambda: now[0])
         first, reused = await flight.result(), await flight.result()
-        clock.now += 0.99
+        now[0] += 0.99
         still = await flight.result()
-        clock.now += 0.02
+        now[0] += 0.02
         return first, reused, still, await flight.result(), flight.num_asked
 
     assert asyncio.run(run()) == (1, 1, 1, 2, 2)
@@ -77,8 +69,8 @@ def test_an_answer_younger_than_the_interval_is_reused():
 
 def test_a_failed_question_raises_to_every_sharer_and_is_asked_again():
     async def run():
-        clock, question = Clock(), HeldQuestion(error=RuntimeError("scheduler 0 did not answer"))
-        flight = SingleFlight(question, min_interval_s=10.0, clock=clock)
+        question = HeldQuestion(error=RuntimeError("scheduler 0 did not answer"))
+        flight = SingleFlight(question, min_interval_s=10.0, clock=lambda: 100.0)
         num_asked, results = await _while_out(flight, question, 5)
         question.error, question.answers = None, [None, "fresh"]
         return num_asked, results, await flight.result(), flight.num_asked
