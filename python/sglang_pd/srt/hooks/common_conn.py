@@ -34,6 +34,7 @@ import logging
 import threading
 
 from sglang_pd.config import PEER_SECRET_FILE
+from sglang_pd.srt.disaggregation import curve_keys
 from sglang_pd.srt.disaggregation.guarded_socket import Between, GuardedSocket, HeldRooms, SigningSocket
 from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits, Side
 from sglang_pd.srt.disaggregation.handshake_gate import HandshakeGate
@@ -44,7 +45,6 @@ from sglang_pd.srt.disaggregation.room_decline import DeclineError, DeclineNotic
 from sglang_pd.srt.disaggregation.room_expiry import RoomTombstones, UnclaimedRooms
 from sglang_pd.srt.disaggregation.thread_watch import ThreadRole, ThreadWatch, Watchdog
 from sglang_pd.srt.fault_injection import Fault
-from sglang_pd.srt.disaggregation import curve_keys
 from sglang_pd.srt.hooks.network import rank_socket_options
 from sglang_pd.srt.mem_cache.common import bytes_per_page
 from sglang_pd.srt.state import current, mode_name
