@@ -16,11 +16,11 @@ Prints one JSON line: the child's RSS before and after, the frames the kernel ac
 
 import argparse
 import json
-import socket
-import struct
 import subprocess
 import sys
 import time
+
+from sglang_pd.harness.hostile_peer import send_unfinished_multipart
 
 FRAME_CAP = 16 << 20   # sglang_pd's per-frame cap on prefill's rank socket (zmq_frame_cap's floor)
 FRAME_BYTES = 1 << 20
@@ -50,34 +50,6 @@ def child(curve: bool) -> None:
             sock.recv_multipart()
 
 
-def zmtp_frame(body: bytes, more: bool) -> bytes:
-    flags = (0x01 if more else 0) | 0x02  # MORE, LONG (8-byte size)
-    return bytes([flags]) + struct.pack(">Q", len(body)) + body
-
-
-def send_unfinished(port: int, num_frames: int) -> int:
-    """Frames the receiver's kernel accepted before the connection ended (all of them, when it never ends)."""
-    conn = socket.create_connection(("127.0.0.1", port))
-    sent = 0
-    try:
-        # ZMTP 3.0 greeting (NULL mechanism, as-server 0), then READY with Socket-Type PUSH
-        conn.sendall(b"\xff" + b"\0" * 8 + b"\x7f" + bytes([3, 0]) + b"NULL".ljust(20, b"\0") + b"\0" * 32)
-        ready = b"\x05READY" + bytes([11]) + b"Socket-Type" + struct.pack(">I", 4) + b"PUSH"
-        conn.sendall(bytes([0x04, len(ready)]) + ready)
-        conn.settimeout(5)
-        conn.recv(64)
-        chunk = b"x" * FRAME_BYTES
-        for _ in range(num_frames):
-            conn.sendall(zmtp_frame(chunk, more=True))
-            sent += 1
-    except OSError:  # the receiver dropped the connection (CURVE: the handshake failed)
-        pass
-    finally:
-        time.sleep(2)
-        conn.close()
-    return sent
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--curve", action="store_true", help="bind the rank socket with SGLANG_PD_PEER_CURVE=1's options")
@@ -92,7 +64,7 @@ def main() -> None:
         bound = json.loads(proc.stdout.readline())
         time.sleep(0.5)
         before = rss_mib(proc.pid)
-        sent = send_unfinished(bound["port"], args.frames)
+        sent = send_unfinished_multipart("127.0.0.1", bound["port"], args.frames, FRAME_BYTES)
         after = rss_mib(proc.pid)
         print(json.dumps({"mechanism": bound["mechanism"], "per_frame_cap_bytes": FRAME_CAP,
                           "frames_to_send": args.frames, "frames_sent": sent, "frame_bytes": FRAME_BYTES,

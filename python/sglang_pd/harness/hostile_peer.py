@@ -9,7 +9,9 @@ holds the secret) or with a wrong one (an impostor).
 from __future__ import annotations
 
 import random
+import socket
 import struct
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -163,6 +165,33 @@ class PeerSocket:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def send_unfinished_multipart(host: str, port: int, num_frames: int, frame_bytes: int = 1 << 20,
+                              settle_s: float = 2.0) -> int:
+    """A raw ZMTP 3.0 client with no key (NULL mechanism, Socket-Type PUSH, as SGLang's PD sockets speak)
+    sends `num_frames` frames of `frame_bytes` flagged MORE and never a last one, waits `settle_s` for the
+    receiver to take them in, closes. Returns how many frames the receiver's kernel took before the
+    connection ended (all of them when the receiver keeps it open: libzmq then buffers them all)."""
+    conn = socket.create_connection((host, port))
+    sent = 0
+    try:
+        # greeting (NULL mechanism, as-server 0), then READY with Socket-Type PUSH
+        conn.sendall(b"\xff" + b"\0" * 8 + b"\x7f" + bytes([3, 0]) + b"NULL".ljust(20, b"\0") + b"\0" * 32)
+        ready = b"\x05READY" + bytes([11]) + b"Socket-Type" + struct.pack(">I", 4) + b"PUSH"
+        conn.sendall(bytes([0x04, len(ready)]) + ready)
+        conn.settimeout(5)
+        conn.recv(64)
+        frame = bytes([0x01 | 0x02]) + struct.pack(">Q", frame_bytes) + b"x" * frame_bytes  # MORE, LONG size
+        for _ in range(num_frames):
+            conn.sendall(frame)
+            sent += 1
+    except OSError:  # the receiver dropped the connection (e.g. CURVE: the handshake failed)
+        pass
+    finally:
+        time.sleep(settle_s)
+        conn.close()
+    return sent
 
 
 # ---- reading a deployment's guard state (tests) -------------------------------------------------------------

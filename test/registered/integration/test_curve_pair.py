@@ -6,15 +6,14 @@ One pair per backend, this module's own (stopped after its tests, before the nex
 """
 
 import random
-import socket
-import struct
 import time
 
 import psutil
 import pytest
 
 from sglang_pd.harness import DeploymentConfig, PDDeployment
-from sglang_pd.harness.hostile_peer import PeerSocket, Templates, handshake_view, rank_endpoint
+from sglang_pd.harness.hostile_peer import (PeerSocket, Templates, handshake_view, rank_endpoint,
+                                            send_unfinished_multipart)
 from sglang_pd.models import VOCAB_SIZE
 
 from conftest import LOG_ROOT, WAITING_TIMEOUT_S, peer_secret_file
@@ -49,26 +48,6 @@ def _rss_mib(server) -> float:
     return sum(p.memory_info().rss for p in [root, *root.children(recursive=True)]) / 2**20
 
 
-def _unfinished_multipart(endpoint: str) -> int:
-    """A raw ZMTP 3.0 client (NULL mechanism, no key) sends 1 MiB frames with MORE and never the last one;
-    returns how many the receiver's kernel took before the connection ended."""
-    host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
-    sent = 0
-    with socket.create_connection((host, int(port))) as conn:
-        try:
-            conn.sendall(b"\xff" + b"\0" * 8 + b"\x7f" + bytes([3, 0]) + b"NULL".ljust(20, b"\0") + b"\0" * 32)
-            ready = b"\x05READY" + bytes([11]) + b"Socket-Type" + struct.pack(">I", 4) + b"PUSH"
-            conn.sendall(bytes([0x04, len(ready)]) + ready)
-            frame = bytes([0x03]) + struct.pack(">Q", FRAME_BYTES) + b"x" * FRAME_BYTES
-            for _ in range(NUM_FRAMES):
-                conn.sendall(frame)
-                sent += 1
-        except OSError:  # the rank socket dropped the connection
-            pass
-        time.sleep(2)
-    return sent
-
-
 def test_a_curve_pair_serves_what_a_plain_server_serves(dep: PDDeployment, plain_url):
     """Four requests at once over a shared 64-token prefix: the registrations, transfer infos and statuses
     all crossed CURVE sockets (both gates admitted them), outputs equal a plain server's, pair clean."""
@@ -101,7 +80,8 @@ def test_a_stranger_delivers_nothing_and_its_unfinished_message_is_not_buffered(
             stranger.send(templates.abort(12345))
             time.sleep(2)
         rss_before = _rss_mib(server)
-        sent = _unfinished_multipart(endpoint)
+        host, port = endpoint.removeprefix("tcp://").rsplit(":", 1)
+        sent = send_unfinished_multipart(host, int(port), NUM_FRAMES, FRAME_BYTES)
         grown = _rss_mib(server) - rss_before
         after = handshake_view(dep, server)["gate"]
         assert after["num_received"] == before["num_received"], (server.name, before, after)
