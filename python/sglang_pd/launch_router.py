@@ -23,7 +23,9 @@ it from its clients too and sends it to the workers. The key is in no process's 
 keeps it out of the launcher's (and shell history), and sglang-router, which takes a key only as
 `--api-key KEY`, is started through `sglang_pd.router_child`, which reads the key from a pipe this
 launcher filled (`--api-key-fd N` is all its command line shows) and hands it to sglang-router's own
-parser and launch function in-process. A `--router-arg` carrying `--api-key` is refused for that reason.
+parser and launch function in-process. A `--router-arg` carrying `--api-key` is refused for that reason,
+as is one carrying another of sglang-router's credential flags (SECRET_ROUTER_FLAGS: control-plane keys,
+database password and URLs; sglang-router reads the latter from its environment too).
 
 Readiness: the router's /readiness can answer 200 before it has registered every worker (a CI run's
 router log shows 2 of 3), and a conversation pinned in that window stays on the decode server it
@@ -193,11 +195,25 @@ def _prefill_arg(values: list[str]) -> tuple[str, str | None]:
     return values[0].rstrip("/"), values[1] if len(values) == 2 else None
 
 
-def _names_api_key(router_arg: str) -> bool:
-    """Whether `router_arg` is sglang-router's --api-key flag, also as an abbreviation its argparse parser
-    accepts (`--ap` and longer: no other router flag starts so)."""
+# sglang-router flags whose value is a credential: on the router's command line every local user would
+# read it (`ps`, /proc/<pid>/cmdline). flag -> (its shortest abbreviation sglang-router's argparse takes,
+# what to do instead). test_launch_router checks the abbreviations against sglang-router's own parser.
+SECRET_ROUTER_FLAGS = {
+    "--api-key": ("--ap", "use --api-key-file"),
+    "--control-plane-api-keys": ("--control-plane-ap", "this launcher does not pass control-plane keys; "
+                                 "use sglang-router's JWT flags (--jwt-issuer, --jwt-jwks-uri)"),
+    "--oracle-password": ("--oracle-pa", "set ATP_PASSWORD in the launcher's environment instead"),
+    "--postgres-db-url": ("--postgres-d", "set POSTGRES_DB_URL in the launcher's environment instead"),
+    "--redis-url": ("--redis-u", "set REDIS_URL in the launcher's environment instead"),
+}
+
+
+def secret_flag(router_arg: str) -> str | None:
+    """The credential flag of SECRET_ROUTER_FLAGS that `router_arg` names (whole, or abbreviated as
+    sglang-router's argparse parser would take it), else None."""
     flag = router_arg.split("=", 1)[0]
-    return len(flag) >= 4 and "--api-key".startswith(flag)
+    return next((name for name, (shortest, _) in SECRET_ROUTER_FLAGS.items()
+                 if flag.startswith(shortest) and name.startswith(flag)), None)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -221,8 +237,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         p.error(str(exc))
     if not args.ready_timeout > 0:
         p.error(f"--ready-timeout must be > 0 seconds, got {args.ready_timeout}")
-    if any(_names_api_key(a) for a in args.router_arg):
-        p.error("--router-arg --api-key would show the key to every local user (ps); use --api-key-file")
+    for name in filter(None, map(secret_flag, args.router_arg)):
+        p.error(f"--router-arg {name} would show its value to every local user (ps); {SECRET_ROUTER_FLAGS[name][1]}")
     args.decode = [u.rstrip("/") for u in args.decode]
     args.api_key = None  # read in main(), so a bad file is a preflight error naming it
     return args

@@ -222,14 +222,52 @@ def test_a_bad_api_key_file_is_named_without_its_content(tmp_path, content, mode
         lr.read_api_key(tmp_path / "missing")
 
 
-def test_a_router_arg_carrying_the_key_is_refused(capsys):
-    """--router-arg --api-key (or an abbreviation sglang-router's argparse would take) would put the key
-    on the router's command line."""
-    for flag in ("--router-arg=--api-key=k", "--router-arg=--api-key", "--router-arg=--api", "--router-arg=--ap=k"):
-        with pytest.raises(SystemExit):
-            lr.parse_args(["--prefill", "http://p:1", "--decode", "http://d:2", flag])
-        assert "would show the key to every local user (ps); use --api-key-file" in capsys.readouterr().err
-    assert lr.parse_args(["--prefill", "http://p:1", "--decode", "http://d:2", "--router-arg=--assignment-mode=x"])
+@pytest.mark.parametrize("flag", ["--router-arg=--api-key=k", "--router-arg=--api-key", "--router-arg=--api",
+                                  "--router-arg=--ap=k", "--router-arg=--control-plane-api-keys=a:b:admin:s",
+                                  "--router-arg=--control-plane-ap", "--router-arg=--oracle-password=p",
+                                  "--router-arg=--postgres-db-url=postgres://u:p@h/d", "--router-arg=--redis-u"])
+def test_a_router_arg_carrying_a_credential_is_refused(flag, capsys):
+    """--router-arg with one of sglang-router's credential flags (or an abbreviation its argparse would
+    take) would put the credential on the router's command line."""
+    with pytest.raises(SystemExit):
+        lr.parse_args(["--prefill", "http://p:1", "--decode", "http://d:2", flag])
+    err = capsys.readouterr().err
+    name = lr.secret_flag(flag.split("=", 1)[1])
+    assert name is not None and f"--router-arg {name} would show its value to every local user (ps); " in err
+    assert lr.SECRET_ROUTER_FLAGS[name][1] in err
+
+
+def test_router_args_that_carry_no_credential_pass():
+    for arg in ("--assignment-mode=x", "--control-plane-audit-enabled", "--oracle-username=u", "--redis-pool-max=4",
+                "--postgres-pool-max=2", "--tls-key-path=/k", "--client-key-path=/k"):
+        assert lr.parse_args(["--prefill", "http://p:1", "--decode", "http://d:2", f"--router-arg={arg}"])
+
+
+def test_secret_flags_match_what_sglang_routers_parser_takes():
+    """Every prefix of every sglang-router flag: flagged by secret_flag exactly when sglang-router's own
+    parser would read it as one of the credential flags (whole or abbreviated)."""
+    import argparse
+
+    from sglang_router.router_args import RouterArgs
+
+    parser = argparse.ArgumentParser()
+    RouterArgs.add_cli_args(parser, use_router_prefix=False)
+    actions = parser._option_string_actions  # flag -> action, the table argparse resolves prefixes in
+    secret_dests = {actions[name].dest for name in lr.SECRET_ROUTER_FLAGS}
+    assert len(secret_dests) == len(lr.SECRET_ROUTER_FLAGS)  # every listed flag is one of the router's
+    checked = 0
+    for option in [o for o in actions if o.startswith("--")]:
+        for n in range(3, len(option) + 1):
+            prefix = option[:n]
+            dests = {actions[o].dest for o in actions if o.startswith(prefix)}
+            if prefix not in actions and len(dests) != 1:
+                continue  # argparse refuses an ambiguous abbreviation itself
+            dest = actions[prefix].dest if prefix in actions else dests.pop()
+            named = lr.secret_flag(prefix)
+            assert (named is not None) == (dest in secret_dests), prefix
+            assert named is None or actions[named].dest == dest, prefix
+            checked += 1
+    assert checked > 500
 
 
 def test_main_refuses_a_bad_api_key_file_before_starting_anything(tmp_path, capsys):
