@@ -94,7 +94,7 @@ class World:
 
     def result(self, seconds: float, calls: int, evicted: int) -> RoundResult:
         prompt = sum(len(r.origin_input_ids) for r in self.reqs)
-        hits = sum(self.admission.plan_for(r.rid).decode_prefix_len for r in self.reqs)
+        hits = sum(self.admission.plan_for(r).decode_prefix_len for r in self.reqs)
         return RoundResult(seconds, calls, evicted, prompt, hits)
 
 
@@ -107,7 +107,7 @@ def run_per_request(world: World) -> RoundResult:
     start = time.perf_counter()
     for req in world.reqs:
         world.admission.match_and_lock(req, world.tree, RequestKind.NORMAL, match_kv_cache)
-        need = world.sizer.alloc_tokens(req, world.admission.plan_for(req.rid).decode_prefix_len)
+        need = world.sizer.alloc_tokens(req, world.admission.plan_for(req).decode_prefix_len)
         if world.allocator.available_size() < need:
             calls += 1
             evicted += world.tree.evict_for_alloc(
@@ -126,7 +126,7 @@ def run_batched(world: World) -> RoundResult:
     plan = rnd.plan(world.reqs, world.tree, world.sizer, match_kv_cache)
     for req in world.reqs:
         rnd.take(req)
-        need = world.sizer.alloc_tokens(req, world.admission.plan_for(req.rid).decode_prefix_len)
+        need = world.sizer.alloc_tokens(req, world.admission.plan_for(req).decode_prefix_len)
         if world.allocator.alloc(need) is None:
             raise RuntimeError(f"batched: no room for {req.rid} after the round's eviction")
     seconds = time.perf_counter() - start

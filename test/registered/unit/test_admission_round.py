@@ -34,7 +34,7 @@ def _plan(pool, reqs, reserve=0):
 def _preallocate(pool, rnd, req):
     """What SGLang's loop does per request after admission: take the match, allocate the rest."""
     assert rnd.take(req) is not None
-    need = len(req.origin_input_ids) - current().decode_admission.plan_for(req.rid).decode_prefix_len
+    need = len(req.origin_input_ids) - current().decode_admission.plan_for(req).decode_prefix_len
     slots = pool.allocator.alloc(kv_to_page_num(need, pool.page_size) * pool.page_size)
     assert slots is not None, "the round's single eviction left too little free memory"
     return slots

@@ -20,7 +20,7 @@ def _admit(pool, req, kind=RequestKind.NORMAL):
     from sglang.srt.mem_cache.common import match_kv_cache
 
     ledger_admission().match_and_lock(req, pool.tree, kind, match_kv_cache)
-    return ledger_admission().plan_for(req.rid)
+    return ledger_admission().plan_for(req)
 
 
 def test_miss_plans_every_page_and_holds_nothing(pool, ledger):
@@ -70,7 +70,7 @@ def test_full_prefix_hit_moves_no_page(pool, ledger):
     req = make_req("full", prompt)
     plan = _admit(pool, req)
     assert plan.decode_prefix_len == len(prompt) and plan.num_new_pages == 0
-    assert ledger_admission().record_handoff("full", plan.decode_prefix_len, 0) is None
+    assert ledger_admission().record_handoff(req, plan.decode_prefix_len, 0) is None
     snap = ledger_admission().snapshot()
     assert snap["num_pages_saved"] == kv_to_page_num(16, pool.page_size)
     pool.tree.unlock(req.lock)
@@ -100,11 +100,11 @@ def test_request_kind_classification():
 def test_handoff_mismatch_is_counted(pool, ledger):
     req = make_req("h", list(range(200, 209)))
     plan = _admit(pool, req)
-    assert ledger_admission().record_handoff("h", 0, plan.num_new_pages) is None
-    assert ledger_admission().record_handoff("h", 0, plan.num_new_pages + 1) == plan
+    assert ledger_admission().record_handoff(req, 0, plan.num_new_pages) is None
+    assert ledger_admission().record_handoff(req, 0, plan.num_new_pages + 1) == plan
     assert ledger_admission().snapshot()["num_handoff_mismatches"] == 1
     assert ledger.counters.get("decode_handoff_mismatches_total") == 1  # one source: stats == metric
-    assert ledger_admission().record_handoff("never-planned", 0, 3) is None
+    assert ledger_admission().record_handoff(make_req("never-planned", [1, 2, 3]), 0, 3) is None
 
 
 def test_a_replanned_request_is_counted_once_at_its_hand_off(pool, ledger):
@@ -115,10 +115,29 @@ def test_a_replanned_request_is_counted_once_at_its_hand_off(pool, ledger):
         plan = _admit(pool, req)
     counters = ledger.counters
     assert counters.get("decode_prompt_tokens_total") == 0, "nothing counted before the hand-off"
-    ledger_admission().record_handoff("again", plan.decode_prefix_len, plan.num_new_pages)
-    ledger_admission().record_handoff("again", plan.decode_prefix_len, plan.num_new_pages)  # a second hand-off
+    ledger_admission().record_handoff(req, plan.decode_prefix_len, plan.num_new_pages)
+    ledger_admission().record_handoff(req, plan.decode_prefix_len, plan.num_new_pages)  # a second hand-off
     assert counters.get("decode_prompt_tokens_total") == 11
     assert counters.get("decode_prefix_hit_tokens_total") == 8
     assert counters.get("decode_replans_total") == 2 and counters.get("decode_stale_locks_released_total") == 2
     pool.tree.unlock(req.lock)
     assert pool.integrity(ledger).ok
+
+
+def test_two_live_requests_under_one_rid_keep_their_own_plans(pool, ledger):
+    """Plans are kept per request, not per rid: the first's hand-off is checked and counted against its own
+    plan, not the second's (keyed by rid it was counted a mismatch, a re-plan, with the second's figures)."""
+    pool.cache_tokens(list(range(8)))
+    first = make_req("dup", list(range(8)) + [1, 2])        # 8 tokens cached
+    second = make_req("dup", list(range(300, 305)))         # nothing cached
+    first_plan, second_plan = _admit(pool, first), _admit(pool, second)
+    assert (first_plan.decode_prefix_len, second_plan.decode_prefix_len) == (8, 0)
+    assert ledger_admission().plan_for(first) == first_plan and ledger_admission().plan_for(second) == second_plan
+    assert ledger_admission().record_handoff(first, 8, first_plan.num_new_pages) is None
+    assert ledger_admission().record_handoff(second, 0, second_plan.num_new_pages) is None
+    counters = ledger.counters
+    assert counters.get("decode_handoff_mismatches_total") == 0 and counters.get("decode_replans_total") == 0
+    assert counters.get("decode_prompt_tokens_total") == 15 and counters.get("decode_prefix_hit_tokens_total") == 8
+    assert ledger_admission().snapshot()["plans"]["dup"]["prompt_len"] == 5  # by rid: the later one shown
+    pool.tree.unlock(first.lock)
+    assert pool.integrity(ledger).ok and ledger.num_double_releases == 0

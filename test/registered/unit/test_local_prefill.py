@@ -166,7 +166,7 @@ class DecodeWorld:
 
         req = make_req(rid, prompt)
         result = self.state.decode_admission.match_and_lock(req, self.tree, RequestKind.NORMAL, match_kv_cache)
-        prefix_len = self.state.decode_admission.plan_for(rid).decode_prefix_len
+        prefix_len = self.state.decode_admission.plan_for(req).decode_prefix_len
         prefix = self.tree.prefix_device_indices(req) if prefix_len else None
         self.rows.alloc([req])
         fill_len = len(prompt)

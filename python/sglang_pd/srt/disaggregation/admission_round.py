@@ -116,7 +116,7 @@ class AdmissionRound:
             result = self.admission.match_and_lock(req, tree_cache, request_kind(req), match_fn,
                                                    state=LockState.PLANNED)
             self._matches[id(req)] = (req, result)  # from here on close() releases it
-            prefix_len = self.admission.plan_for(str(req.rid)).decode_prefix_len  # req's own, just recorded
+            prefix_len = self.admission.plan_for(req).decode_prefix_len
             alloc = sizer.alloc_tokens(req, prefix_len)
             if sizer.admission_tokens(req, alloc, prefix_len) > sizer.budget(len(rids)) - num_alloc:
                 del self._matches[id(req)]

@@ -11,6 +11,7 @@ no lock, and are marked `skip_radix_cache_insert` so their tokens are never inse
 
 from __future__ import annotations
 
+import itertools
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
@@ -18,6 +19,13 @@ from typing import Any, Callable
 from sglang_pd.srt.mem_cache.common import (RequestKind, check_decode_prefix_len, kv_to_page_num,
                                             page_align_floor)
 from sglang_pd.srt.mem_cache.lock_ledger import LockLedger, LockState, owner_scope
+
+
+# The attribute holding a request's admission key: plans are kept per request object, not per rid, because
+# two live requests can share a rid (several tokenizer workers / DP, a direct scheduler call); keyed by rid,
+# the second's plan replaced the first's, and the first's hand-off was then counted as a mismatch and a
+# re-plan, with the second's figures. A sequence number, not id(req): an id is reused after collection.
+ADMISSION_KEY_ATTR = "_sglang_pd_admission_key"
 
 
 class AdmissionError(RuntimeError):
@@ -57,8 +65,9 @@ class DecodePrefixAdmission:
         self.ledger = ledger
         self.counters = ledger.counters
         self.max_plans = max_plans
-        # rid -> (plan, hand-off or None), oldest first; bounded by max_plans
-        self._records: OrderedDict[str, tuple[AdmissionPlan, HandoffRecord | None]] = OrderedDict()
+        # request key (ADMISSION_KEY_ATTR) -> (plan, hand-off or None), oldest first; bounded by max_plans
+        self._records: OrderedDict[int, tuple[AdmissionPlan, HandoffRecord | None]] = OrderedDict()
+        self._next_key = itertools.count()
 
     def match_and_lock(self, req: Any, tree_cache: Any, kind: RequestKind, match_fn: Callable,
                        max_prefix_len: int | None = None, state: LockState = LockState.HELD) -> Any:
@@ -92,7 +101,7 @@ class DecodePrefixAdmission:
         else:
             with owner_scope(str(req.rid), num_tokens=matched, state=state):
                 req.lock = tree_cache.lock(result.last_device_node)
-        self._record_plan(AdmissionPlan(str(req.rid), kind, prompt_len, page_size, matched, prefix_len,
+        self._record_plan(self._key(req), AdmissionPlan(str(req.rid), kind, prompt_len, page_size, matched, prefix_len,
                                         kv_to_page_num(prompt_len - prefix_len, page_size)))
         return result
 
@@ -108,18 +117,26 @@ class DecodePrefixAdmission:
             req.lock = None
             self.counters.add("decode_stale_locks_released_total")
 
-    def _record_plan(self, plan: AdmissionPlan) -> None:
-        old = self._records.pop(plan.rid, None)
+    def _key(self, req: Any) -> int:
+        """`req`'s admission key, given at its first admission (mutates `req` then)."""
+        key = getattr(req, ADMISSION_KEY_ATTR, None)
+        if key is None:
+            key = next(self._next_key)
+            setattr(req, ADMISSION_KEY_ATTR, key)
+        return key
+
+    def _record_plan(self, key: int, plan: AdmissionPlan) -> None:
+        old = self._records.pop(key, None)
         if old is not None and old[1] is None:
             self.counters.add("decode_replans_total")
-        self._records[plan.rid] = (plan, None)
+        self._records[key] = (plan, None)
         while len(self._records) > self.max_plans:
             self._records.popitem(last=False)
         self.counters.add("decode_admitted_requests_total")
         if plan.kind is not RequestKind.NORMAL:
             self.counters.add("decode_tree_skipped_requests_total")
 
-    def record_handoff(self, rid: str, decode_prefix_len: int, num_pages: int) -> AdmissionPlan | None:
+    def record_handoff(self, req: Any, decode_prefix_len: int, num_pages: int) -> AdmissionPlan | None:
         """Record what SGLang handed to the transfer layer; count (and return) a mismatching plan.
 
         The request's prompt, hit and page counters are added here, at its first hand-off: a request
@@ -127,11 +144,12 @@ class DecodePrefixAdmission:
         plan if the hand-off disagrees with it, else None. Requests admitted outside this class
         (e.g. rebootstrap after retraction) have no plan and are not counted.
         """
-        record = self._records.get(rid)
+        key = getattr(req, ADMISSION_KEY_ATTR, None)
+        record = self._records.get(key) if key is not None else None
         if record is None:
             return None
         plan, earlier = record
-        self._records[rid] = (plan, HandoffRecord(decode_prefix_len, num_pages))
+        self._records[key] = (plan, HandoffRecord(decode_prefix_len, num_pages))
         if plan.kind is not RequestKind.NORMAL:
             return None
         if earlier is None:
@@ -148,13 +166,15 @@ class DecodePrefixAdmission:
         self.counters.add("decode_pages_saved_total",
                           kv_to_page_num(plan.prompt_len, plan.page_size) - plan.num_new_pages)
 
-    def plan_for(self, rid: str) -> AdmissionPlan | None:
-        """The plan recorded for `rid` (None if unknown or dropped)."""
-        record = self._records.get(rid)
+    def plan_for(self, req: Any) -> AdmissionPlan | None:
+        """The plan recorded for request `req` (None if never admitted here, or dropped)."""
+        key = getattr(req, ADMISSION_KEY_ATTR, None)
+        record = self._records.get(key) if key is not None else None
         return None if record is None else record[0]
 
     def snapshot(self, max_recent: int = 256) -> dict:
-        """JSON-able counters (from PDCounters) plus the most recent plans with their hand-offs."""
+        """JSON-able counters (from PDCounters) plus the most recent plans with their hand-offs, by rid (of
+        two live requests under one rid, the later admitted one's)."""
         count = lambda name: int(self.counters.get(name))  # noqa: E731
         recent = list(self._records.values())[-max_recent:]
         return {

@@ -252,7 +252,7 @@ def around_send_kv_metadata(original, queue, decode_req, kv_indices, page_size, 
         return None
     num_pages = kv_to_page_num(len(kv_indices), page_size)
     try:
-        mismatch = state.decode_admission.record_handoff(str(req.rid), prefix_len, num_pages)
+        mismatch = state.decode_admission.record_handoff(req, prefix_len, num_pages)
         if request_kind(req) is RequestKind.NORMAL:  # warmup / health checks move no real KV
             num_bytes = num_pages * bytes_per_page(decode_req.kv_receiver.kv_mgr.kv_args)
             state.counters.add("kv_pages_transferred_total", num_pages)
