@@ -110,8 +110,9 @@ METRICS: dict[str, tuple[str, str]] = {
     "unclaimed_rooms_expired_total": ("counter", "rooms whose transfer infos were dropped: no request claimed them"),
     "late_transfer_infos_refused_total": ("counter", "decode transfer infos refused: prefill's own request for the "
                                                      "room had already failed (decode told at once)"),
-    "transfer_infos_out_of_pool_total": ("counter", "decode transfer infos refused: a destination KV page or aux "
-                                                    "index beyond the pools the decode registered (its room failed)"),
+    "transfer_infos_out_of_pool_total": ("counter", "decode transfer infos refused: a destination KV page, aux or "
+                                                    "state index beyond the pools the decode registered (its room "
+                                                    "failed)"),
     "prefill_failures_told_total": ("counter", "prefill requests that failed after their decode's transfer info came "
                                                "(aborted on prefill before or during their transfer) whose decode "
                                                "prefill told, at once or once the transfer's writes settled (SGLang "

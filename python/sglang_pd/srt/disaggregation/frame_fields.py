@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import struct
+from typing import NamedTuple
 
 import numpy as np
 
@@ -26,6 +27,13 @@ KV_MEM_KINDS = (b"VRAM", b"DRAM")
 
 class FrameError(ValueError):
     """A frame that a well-behaved peer never sends; the message says which field and why."""
+
+
+class IndexSpan(NamedTuple):
+    """The first and the largest index of one non-empty index list."""
+
+    first: int
+    largest: int
 
 
 def shown(frame: bytes) -> str:
@@ -140,6 +148,21 @@ def int_lists(frame: bytes, what: str, width: int, max_lists: int, max_items: in
     if header + sum(lengths) != len(frame):
         raise FrameError(f"{what} declares {header + sum(lengths)} bytes but the frame has {len(frame)}")
     return num
+
+
+def index_list_spans(frame: bytes, what: str, max_lists: int, max_items: int) -> tuple[IndexSpan | None, ...]:
+    """SGLang's packed list of int32 index lists (`int_lists` layout, little-endian 'i'), every index >= 0:
+    per list its `IndexSpan`, None for an empty list."""
+    num = int_lists(frame, what, 4, max_lists, max_items)
+    lengths = struct.unpack_from(f"<{num}I", frame, 4) if num else ()
+    offset, spans = 4 + 4 * num, []
+    for length in lengths:
+        values = np.frombuffer(frame, dtype="<i4", count=length // 4, offset=offset)
+        offset += length
+        if len(values) and int(values.min()) < 0:
+            raise FrameError(f"{what} contains a negative index ({int(values.min())})")
+        spans.append(IndexSpan(int(values[0]), int(values.max())) if len(values) else None)
+    return tuple(spans)
 
 
 def mem_kinds(frame: bytes, count: int) -> None:

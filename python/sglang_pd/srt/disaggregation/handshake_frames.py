@@ -44,7 +44,7 @@ from typing import Callable, NamedTuple
 
 from sglang_pd.srt.disaggregation import frame_fields as ff
 from sglang_pd.srt.disaggregation.dcp_frames import relayout_geometry, staging_and_dcp
-from sglang_pd.srt.disaggregation.frame_fields import FrameError
+from sglang_pd.srt.disaggregation.frame_fields import FrameError, IndexSpan
 from sglang_pd.srt.disaggregation.room_decline import MARKER as DECLINE_MARKER
 from sglang_pd.srt.disaggregation.room_decline import DeclineError, parse_decline
 
@@ -101,6 +101,7 @@ class FrameLimits:
     dcp_size: int = 1
     dcp_rank: int = 0
     dcp_relayout_token_bytes: tuple[int, ...] | None = None  # relayout possible: non-draft entries' bytes/token
+    state_types: tuple[str, ...] = ()  # prefill: its own state types, in order (how it reads each state index list)
 
     @property
     def max_prefix_tokens(self) -> int:
@@ -119,6 +120,7 @@ class Verdict(NamedTuple):
     max_index: int | None = None          # largest destination page index named (transfer info)
     aux_index: int | None = None          # destination aux slot named (transfer info; None: dummy)
     max_device_index: int | None = None   # largest destination device page index named (mooncake transfer info)
+    state_spans: tuple[IndexSpan | None, ...] = ()  # per state type listed: first and largest index (transfer info)
 
 
 class _Reader:
@@ -126,11 +128,11 @@ class _Reader:
 
     def __init__(self, kind: MessageKind):
         self.kind, self.room, self.peer_name, self.reply_to, self.max_index = kind, None, None, None, None
-        self.aux_index, self.max_device_index = None, None
+        self.aux_index, self.max_device_index, self.state_spans = None, None, ()
 
     def verdict(self, reason: str | None = None) -> Verdict:
         return Verdict(self.kind, reason, self.room, self.peer_name, self.reply_to, self.max_index, self.aux_index,
-                       self.max_device_index)
+                       self.max_device_index, self.state_spans)
 
 
 def check_message(msg: list[bytes], limits: FrameLimits) -> Verdict:
@@ -350,7 +352,7 @@ def _mooncake_transfer_info(msg, limits, reader):
     dummy = msg[4] == b"" and msg[5] == b""
     if not dummy:
         reader.aux_index = ff.ascii_int(msg[5], "aux index", 0, MAX_INT)
-    ff.int_lists(msg[6], "state indices", 4, MAX_STATE_LISTS, limits.max_kv_pages)
+    reader.state_spans = ff.index_list_spans(msg[6], "state indices", MAX_STATE_LISTS, limits.max_kv_pages)
     ff.ascii_int(msg[7], "required_dst_info_num", 1, MAX_DST_INFOS)
     if len(msg) > 8:
         _decode_prefix_len(msg[8], limits)
@@ -367,7 +369,7 @@ def _nixl_transfer_info(msg, limits, reader):
     reader.aux_index = ff.ascii_int(msg[5], "aux index", 0, MAX_INT)
     ff.ascii_int(msg[6], "required_dst_info_num", 1, MAX_DST_INFOS)
     if len(msg) > 7:
-        ff.int_lists(msg[7], "state indices", 4, MAX_STATE_LISTS, limits.max_kv_pages)
+        reader.state_spans = ff.index_list_spans(msg[7], "state indices", MAX_STATE_LISTS, limits.max_kv_pages)
     if len(msg) > 8:
         _decode_prefix_len(msg[8], limits)
     if len(msg) > 9 and msg[9] != b"":

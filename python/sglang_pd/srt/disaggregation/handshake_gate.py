@@ -7,7 +7,8 @@ Steps, in order:
   2. schema (`handshake_frames.check_message`): every frame a reader later touches;
   3. state: a transfer info must name a registered peer at the endpoint it registered (prefill's
      transfer worker looks it up), and its destination indices must lie inside the pools that peer
-     registered (KV pages: NIXL's own page count, or our pool-bounds frame; aux slots: our frame), so
+     registered (KV pages: NIXL's own page count, or our pool-bounds frame; aux slots: our frame; state
+     slots per state type: NIXL's own state lengths, or our frame), so
      must the reply address of an ABORT / decline / BOOTSTRAP (prefill answers there), the registration
      table is bounded (when full, the peer unused longest, for at least `peer_idle_s`, gives its place:
      a restarted decode rank registers under a new name), AUX_DATA must name a room decode is waiting on;
@@ -40,7 +41,7 @@ from sglang_pd.srt.disaggregation.handshake_frames import (MAX_FRAMES, FrameLimi
                                                            check_message)
 from sglang_pd.srt.disaggregation.frame_fields import FrameError
 from sglang_pd.srt.disaggregation.peer_auth import TRAILER_FRAMES, AuthFailure, PeerAuth
-from sglang_pd.srt.disaggregation.pool_bounds import PoolBounds, split_bounds
+from sglang_pd.srt.disaggregation.pool_bounds import PoolBounds, beyond_state_pools, split_bounds
 from sglang_pd.srt.disaggregation.prompt_binding import PromptDigests, split_digest
 from sglang_pd.srt.disaggregation.room_expiry import RoomTombstones, UnclaimedRooms
 
@@ -57,6 +58,7 @@ class PeerRecord(NamedTuple):
     endpoint: str
     port: int
     num_slots: int | None = None  # NIXL: pages the peer's pool has (index bound); None if unknown
+    state_slots: tuple[int, ...] | None = None  # NIXL: slots per state pool (pool_bounds.state_slots); None if unknown
 
 
 class Screened(NamedTuple):
@@ -313,7 +315,8 @@ class HandshakeGate:
     def _beyond_pool(self, verdict: Verdict, record: PeerRecord) -> str | None:
         """Why a transfer info of registered peer `record` names an index outside the pools it registered
         (prefill computes base + index * item length from it), or None. KV pages: the smaller of NIXL's
-        own page count and our pool-bounds frame's; aux slots: the frame's. Unknown bounds are not checked."""
+        own page count and our pool-bounds frame's; aux slots: the frame's; state slots: the smaller of NIXL's
+        own and the frame's, per state type (`pool_bounds.beyond_state_pools`). Unknown bounds are not checked."""
         bounds = self._pool_bounds.get(verdict.peer_name)
         known = [n for n in (record.num_slots, bounds and bounds.kv_pages) if n]
         pages, aux_slots = min(known, default=None), (bounds.aux_slots if bounds else 0) or None
@@ -324,7 +327,11 @@ class HandshakeGate:
             if index is not None and bound is not None and index >= bound:
                 return (f"transfer info for room {verdict.room}: {what} names {index}, outside the {bound} {of} "
                         f"peer {verdict.peer_name!r} registered")
-        return None
+        state_known = [s for s in (record.state_slots, bounds.state_slots if bounds else None) if s is not None]
+        beyond = beyond_state_pools(verdict.state_spans, state_known, self.limits.state_types)
+        if beyond is None:
+            return None
+        return f"transfer info for room {verdict.room}: {beyond} peer {verdict.peer_name!r} registered"
 
     def _note_bounds(self, name: str, pool: PoolBounds | None) -> None:
         """An admitted registration of `name`: its pool bounds replace the old ones (none: forgotten)."""

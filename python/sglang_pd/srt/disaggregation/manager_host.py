@@ -23,6 +23,7 @@ from typing import Callable
 
 from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits, Side
 from sglang_pd.srt.disaggregation.handshake_gate import PeerRecord, PeerRemoval, registered_endpoint
+from sglang_pd.srt.disaggregation.pool_bounds import state_slots
 
 
 @dataclass
@@ -138,12 +139,17 @@ class ManagerHost:
             return self.held_tells.pop(room, None) is not None
 
     def registered_peer(self, name: str) -> PeerRecord | None:
-        """What peer `name` registered (endpoint, port, NIXL pool size), or None (read-only)."""
+        """What peer `name` registered (endpoint, port; NIXL: its page count and, when it sent its state
+        buffers' lengths, each state pool's slots), or None (read-only)."""
         info = getattr(self.mgr, "decode_kv_args_table", {}).get(name)
         if info is None:
             return None
-        slots = getattr(info, "dst_num_slots", None) if self.limits.backend == "nixl" else None
-        return PeerRecord(str(info.endpoint), int(info.dst_port), int(slots) if slots else None)
+        if self.limits.backend != "nixl":
+            return PeerRecord(str(info.endpoint), int(info.dst_port))
+        slots = getattr(info, "dst_num_slots", None)
+        state_lens = getattr(info, "dst_state_data_lens", None)  # empty: a decode that predates the frame
+        state = state_slots(state_lens, info.dst_state_item_lens) if state_lens else None
+        return PeerRecord(str(info.endpoint), int(info.dst_port), int(slots) if slots else None, state)
 
     def endpoint_registered(self, target: tuple[str, int]) -> bool:
         """Whether some registered peer registered exactly `target` (endpoint, port) (read-only)."""

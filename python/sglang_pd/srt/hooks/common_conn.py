@@ -93,9 +93,10 @@ def frame_limits(args, module: str, mode: str) -> FrameLimits | None:
         max_frame = max(4 * _MIB, 4 * (max_pages + 64))
     else:
         max_frame = max(_MIB, max(aux_items, default=0) + 64)
+    state_types = tuple(str(getattr(t, "value", t)) for t in getattr(args, "state_types", None) or [])
     return FrameLimits(backend, side, int(args.page_size), max_pages + 8, max_frame,
                        staging=bool(envs.SGLANG_DISAGG_STAGING_BUFFER.get()),
-                       aux_item_lens=aux_items, aux_slots=aux_slots)
+                       aux_item_lens=aux_items, aux_slots=aux_slots, state_types=state_types)
 
 
 def zmq_frame_cap(limits: FrameLimits) -> int:
@@ -202,8 +203,9 @@ def before_send_multipart_locked(mgr, endpoint, parts, is_ipv6=False):
 
 
 def after_build_receiver_registration_message(result, mgr):
-    """Decode: its registration ends with the pool-bounds frame (pool_bounds.py: its KV pages and aux slots);
-    prefill's gate takes it off and refuses transfer infos naming an index beyond them."""
+    """Decode: its registration ends with the pool-bounds frame (pool_bounds.py: its KV pages, aux slots and
+    state slots per state type); prefill's gate takes it off and refuses transfer infos naming an index
+    beyond them."""
     return [*result, bounds_frame(bounds_of(mgr.kv_args))]
 
 
