@@ -42,6 +42,7 @@ def test_fallbacks_are_counted_by_reason_and_off_counts_nothing():
     lp.decide(100, 90, True, None)
     lp.decide(100, 90, False, "LoRA adapter")
     lp.count_fallback(FallbackReason.DECLINE_UNSENT)
+    lp.count_fallback(FallbackReason.DUPLICATE_RID)
     assert lp.snapshot()["fallbacks"] == {r.value: 1 for r in FallbackReason}
     off = LocalPrefill(0, 64, PDCounters())
     assert not off.enabled and off.decide(100, 99, False, None).local is False
@@ -400,4 +401,71 @@ def test_a_decline_that_cannot_be_sent_leaves_the_request_on_the_pd_path(world, 
     assert world.state.hook_errors == {"send_decline": 1}
     assert world.state.lock_ledger.owners() == {"unsent": 1}
     release_kv_cache(req, world.tree, checkpoint=False)  # as the PD path's exit would
+    assert world.clean()
+
+
+def test_a_second_live_request_under_one_rid_stays_on_the_pd_path(world, zmq_pair):
+    """Two live requests may share a rid (several tokenizer workers, a client's own rid). While one is local
+    here, the other is not declined: prefill keeps its room, decode keeps its receiver, lock and pages on
+    the PD path, counted. Before, the decline went out, the receiver was cleared and the queue then refused
+    the rid: the error ended decode's scheduler and left the second request's lock and pages unowned."""
+    import zmq
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    from sglang_pd.srt.disaggregation.room_decline import parse_decline
+    from sglang_pd.srt.hooks.decode_prealloc_queue import _serve_locally
+    from sglang_pd.srt.hooks.decode_scheduler import release_local
+
+    push, pull = zmq_pair
+    first, first_prefix = _admitted_request(world, "dup", 7101)
+    assert _serve_locally(SimpleNamespace(req=first, kv_receiver=_Receiver(push), is_rebootstrap=False), first_prefix)
+    assert parse_decline(pull.recv_multipart()).room == 7101
+    second, second_prefix, _ = world.admit("dup", list(range(1, 41)) + [60, 61, 62])  # its own question
+    second.bootstrap_room = 7102
+    receiver = _Receiver(push)
+    decode_req = SimpleNamespace(req=second, kv_receiver=receiver, is_rebootstrap=False)
+    assert world.state.local_prefill.rid_is_live("dup") and world.state.local_prefill.holds(first)
+    assert world.state.lock_ledger.owners() == {"dup": 2}
+
+    assert _serve_locally(decode_req, second_prefix) is False
+
+    pull.setsockopt(zmq.RCVTIMEO, 200)
+    with pytest.raises(zmq.Again):
+        pull.recv_multipart()  # no decline for room 7102
+    assert decode_req.kv_receiver is receiver and not receiver.abort_notified and not receiver.cleared
+    assert not world.state.local_prefill.holds(second) and world.state.local_prefill.num_pending() == 1
+    assert world.state.local_prefill.snapshot()["fallbacks"]["duplicate_rid"] == 1
+    assert world.state.hook_errors == {}
+    release_kv_cache(second, world.tree, checkpoint=False)  # as the PD path's exit would
+    (taken,) = world.state.local_prefill.abort(lambda rid: rid == "dup", lambda r: "held")
+    assert taken is first
+    release_local(SimpleNamespace(tree_cache=world.tree), taken)
+    assert world.clean()
+
+
+def test_a_declined_request_the_local_queue_refuses_stays_whole_on_the_pd_path(world, zmq_pair, monkeypatch):
+    """Fault injection: the local queue raises after the decline went out. The request keeps its receiver,
+    lock and pages on the PD path (which fails it: prefill dropped the room), the error is counted, and
+    the scheduler is not ended by it."""
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    from sglang_pd.srt.disaggregation.room_decline import parse_decline
+    from sglang_pd.srt.hooks.decode_prealloc_queue import _serve_locally
+
+    push, pull = zmq_pair
+    req, prefix_len = _admitted_request(world, "refused", 7201)
+    receiver = _Receiver(push)
+    decode_req = SimpleNamespace(req=req, kv_receiver=receiver, is_rebootstrap=False)
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("injected: the local queue refuses")
+
+    monkeypatch.setattr(world.state.local_prefill, "enqueue", refuse)
+    assert _serve_locally(decode_req, prefix_len) is False
+    assert parse_decline(pull.recv_multipart()).room == 7201  # prefill was told before the queue refused
+    assert decode_req.kv_receiver is receiver and not receiver.cleared
+    assert world.state.local_prefill.record("refused") is None and world.state.local_prefill.num_pending() == 0
+    assert world.state.hook_errors == {"local_prefill_enqueue": 1}
+    assert world.state.lock_ledger.owners() == {"refused": 1}
+    release_kv_cache(req, world.tree, checkpoint=False)  # as the PD path's failure exit would
     assert world.clean()

@@ -46,6 +46,7 @@ class FallbackReason(str, enum.Enum):
     FULL_PREFIX_HIT = "full_prefix_hit"          # nothing to extend: the first token needs the last prompt position
     UNSUPPORTED_REQUEST = "unsupported_request"  # grammar, multimodal, embeddings, LoRA, hidden states...
     DECLINE_UNSENT = "decline_unsent"            # prefill could not be told to drop the room: it computes it
+    DUPLICATE_RID = "duplicate_rid"              # another live local request has this rid (records are per rid)
 
 
 class LocalDecision(NamedTuple):
@@ -117,7 +118,8 @@ class LocalPrefill:
 
     Mutating: `decide`, `count_fallback`, `enqueue`, `plan_extend`, `bind_extend`, `join_extend`, `abort`,
     `fail`, `on_decode_turn`, `mixed_with`. Read-only: `enabled`, `holds`, `is_extend_batch`, `extend_in_flight`,
-    `mixed_decoding_reqs`, `num_extend_tokens`, `num_pending`, `queued_records`, `record`, `snapshot`. Scheduler
+    `mixed_decoding_reqs`, `num_extend_tokens`, `num_pending`, `queued_records`, `record`, `rid_is_live`,
+    `snapshot`. Scheduler
     thread only. Counts into `counters`.
     """
 
@@ -295,6 +297,12 @@ class LocalPrefill:
         self._publish_queued()
 
     # ---- read-only -------------------------------------------------------------------------------
+    def rid_is_live(self, rid: str) -> bool:
+        """True while a request under `rid` is QUEUED or EXTENDING here: `enqueue` refuses a second one, so a
+        caller asks before it declines the room to prefill (after the decline the request is decode's alone)."""
+        record = self._records.get(str(rid))
+        return record is not None and record.state in (LocalState.QUEUED, LocalState.EXTENDING)
+
     def holds(self, req: Any) -> bool:
         """True while `req` is QUEUED here (admitted for a local extend, not yet run)."""
         record = self._records.get(str(req.rid))

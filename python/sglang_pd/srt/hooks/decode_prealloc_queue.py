@@ -311,6 +311,10 @@ def _serve_locally(decode_req, prefix_len: int) -> bool:
         logger.info("sglang_pd: %s goes to prefill: %s %s", req.rid, decision.fallback.value, decision.detail)
     if not decision.local:
         return False
+    if state.local_prefill.rid_is_live(req.rid):  # enqueue would refuse it after the decline: ask first
+        logger.warning("sglang_pd: %s goes to prefill: another request under this rid is local here", req.rid)
+        state.local_prefill.count_fallback(FallbackReason.DUPLICATE_RID)
+        return False
     room = int(req.bootstrap_room)
     notice = DeclineNotice(room, None, f"sglang_pd: declined by decode, which computed the "
                                        f"{decision.num_uncached} uncached prompt tokens itself (decode-local prefill)")
@@ -320,7 +324,16 @@ def _serve_locally(decode_req, prefix_len: int) -> bool:
         state.hook_failed("send_decline", "could not decline room %s to prefill; %s goes to prefill", room, req.rid)
         state.local_prefill.count_fallback(FallbackReason.DECLINE_UNSENT)
         return False
-    _enqueue_local(decode_req, prefix_len, decision)
+    try:
+        _enqueue_local(decode_req, prefix_len, decision)
+    except Exception:  # declined but not queued: the PD path keeps it, and fails it as prefill dropped the room
+        state.hook_failed("local_prefill_enqueue", "room %s was declined to prefill but %s could not be queued "
+                          "locally; it stays on the PD path, which fails it", room, req.rid)
+        return False
+    # Only once queued here is the receiver given up: a refused enqueue left the request whole on the PD path.
+    decode_req.kv_receiver.clear()  # abort-notified by the decline: clearing sends nothing more
+    decode_req.kv_receiver = None
+    attach_request_fields(req, prefix_len, 0, 0, path=PATH_DECODE_LOCAL, num_local_tokens=decision.num_uncached)
     return True
 
 
@@ -328,10 +341,9 @@ _FAULT_HOLD_S = 5.0  # Fault.LOCAL_QUEUE_HOLD: how long a targeted request waits
 
 
 def _enqueue_local(decode_req, prefix_len: int, decision: LocalDecision) -> None:
+    """Queue the declined request for a local extend (its receiver untouched: the caller gives it up after)."""
     state = current()
     req = decode_req.req
-    decode_req.kv_receiver.clear()  # abort-notified by the decline: clearing sends nothing more
-    decode_req.kv_receiver = None
     hold = _FAULT_HOLD_S if state.faults.take(Fault.LOCAL_QUEUE_HOLD, int(req.bootstrap_room)) else 0.0
     now = time.perf_counter()  # SGLang's time_stats clock
     admitted_ms = 1000 * (now - req.time_stats.scheduler_recv_time)
@@ -342,7 +354,6 @@ def _enqueue_local(decode_req, prefix_len: int, decision: LocalDecision) -> None
     req.time_stats.wait_queue_entry_time = now
     state.local_prefill.enqueue(req, prefix_len, decision.num_uncached, not_before_s=time.monotonic() + hold,
                                 admitted_ms=round(admitted_ms, 3))
-    attach_request_fields(req, prefix_len, 0, 0, path=PATH_DECODE_LOCAL, num_local_tokens=decision.num_uncached)
 
 
 # ---- entry: early rejection ----------------------------------------------------------------------
