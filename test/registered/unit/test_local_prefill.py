@@ -469,3 +469,88 @@ def test_a_declined_request_the_local_queue_refuses_stays_whole_on_the_pd_path(w
     assert world.state.lock_ledger.owners() == {"refused": 1}
     release_kv_cache(req, world.tree, checkpoint=False)  # as the PD path's failure exit would
     assert world.clean()
+
+
+def _pause_scheduler(world, last_batch, held):
+    """The scheduler fields SGLang's own `Scheduler.pause_generation` reads and writes (decode, normal loop)."""
+    from sglang.srt.disaggregation.utils import DisaggregationMode
+
+    running = SimpleNamespace(reqs=[], batch_is_full=False, is_empty=lambda: True, batch_size=lambda: 0)
+    return SimpleNamespace(
+        enable_overlap=False, enable_overlap_mlx=False, _pause_started_at=None, _engine_paused=False,
+        running_batch=running, last_batch=last_batch, chunked_req=None, disaggregation_mode=DisaggregationMode.DECODE,
+        waiting_queue=[], decode_offload_manager=None, cur_batch_for_debug=None, req_to_token_pool=world.rows,
+        token_to_kv_pool_allocator=world.allocator, tree_cache=world.tree, hisparse_coordinator=None,
+        disagg_decode_prealloc_queue=SimpleNamespace(hold_rebootstrap=held.append),
+        metrics_reporter=SimpleNamespace(last_gen_throughput=1.0, current_scheduler_metrics_enabled=False),
+        kv_events_publisher=SimpleNamespace(publish_kv_events=lambda: None))
+
+
+def _bound_extend(world, rid, suffix):
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    req, prefix_len, _ = world.admit(rid, list(range(1, 41)) + suffix)
+    _decide_and_queue(world, req, prefix_len)
+    assert world.state.local_prefill.plan_extend(0.0, 0) == [req]
+    batch = SimpleNamespace(reqs=[req], forward_mode=ForwardMode.EXTEND)
+    world.state.local_prefill.bind_extend(batch)
+    req.output_ids.append(7)  # the extend ran and its first token was processed; the join is next
+    return req, batch
+
+
+def test_a_retract_pause_that_takes_the_local_extend_ends_it(world):
+    """/pause_generation {"mode": "retract"} between a local extend and its join: SGLang's own pause retracts
+    the extend's request (row, pages and lock released, held for re-bootstrap); the extend is then over:
+    RETRACTED, unbound, the scheduler idle, and a later local request is extended again. Before, the record
+    stayed EXTENDING and the batch bound for good (no later extend, never idle)."""
+    from sglang.srt.managers.io_struct import PauseGenerationReqInput
+    from sglang.srt.managers.scheduler import Scheduler
+
+    from sglang_pd.srt.hooks.scheduler import (after_collect_inflight_batches, after_is_fully_idle,
+                                               around_pause_generation)
+
+    local = world.state.local_prefill
+    world.cache(list(range(1, 41)))
+    req, batch = _bound_extend(world, "r-ext", [90, 91, 92])
+    held = []
+    sched = _pause_scheduler(world, batch, held)
+    assert local.record("r-ext").state is LocalState.EXTENDING and local.extend_in_flight()
+    assert world.state.lock_ledger.owners() == {"r-ext": 1}
+
+    around_pause_generation(Scheduler.pause_generation, sched, PauseGenerationReqInput(mode="retract"))
+
+    assert held == [req] and req.lock is None and world.state.lock_ledger.owners() == {}  # SGLang's retract
+    assert local.record("r-ext").state is LocalState.RETRACTED and not local.extend_in_flight()
+    assert local.num_pending() == 0 and local.snapshot()["num_retracted"] == 1
+    assert after_is_fully_idle(True, sched) and after_collect_inflight_batches([], sched) == []
+    after, _ = _bound_extend(world, "s-new", [50, 51])  # a later local request is extended again
+    assert local.record("s-new").state is LocalState.EXTENDING
+    local.fail([after])
+    from sglang_pd.srt.hooks.decode_scheduler import release_local
+
+    release_local(SimpleNamespace(tree_cache=world.tree), after)
+    assert world.clean()
+
+
+def test_a_retract_pause_past_the_local_extend_leaves_it_to_join(world):
+    """The overlap loop may have moved last_batch past the extend: SGLang's pause does not retract its
+    requests, so they keep their rows and locks and the extend stays bound to join after the pause."""
+    from sglang.srt.managers.io_struct import PauseGenerationReqInput
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    from sglang_pd.srt.hooks.decode_scheduler import release_local
+    from sglang_pd.srt.hooks.scheduler import around_pause_generation
+
+    local = world.state.local_prefill
+    world.cache(list(range(1, 41)))
+    req, batch = _bound_extend(world, "r-ext", [90, 91, 92])
+    held = []
+    other = SimpleNamespace(reqs=[], forward_mode=ForwardMode.DECODE)
+    around_pause_generation(Scheduler.pause_generation, _pause_scheduler(world, other, held),
+                            PauseGenerationReqInput(mode="retract"))
+    assert held == [] and local.record("r-ext").state is LocalState.EXTENDING and local.extend_batch() is batch
+    assert world.state.lock_ledger.owners() == {"r-ext": 1}
+    local.fail([req])
+    release_local(SimpleNamespace(tree_cache=world.tree), req)
+    assert world.clean()

@@ -11,11 +11,13 @@ Lifecycle of a local request (one table, `TRANSITIONS`):
 
     QUEUED --plan_extend--> EXTENDING --joined--> JOINED   (SGLang's running batch owns it from here)
     QUEUED --abort--> ABORTED        QUEUED | EXTENDING --extend could not be built--> FAILED
+    EXTENDING --a retract-mode pause took the extend batch before its join--> RETRACTED
 
 The request keeps admission's prefix lock (HELD, owner = rid) and its preallocated row and pages the
 whole time: the extend writes the uncached tokens into exactly those pages; JOINED hands them to the
 running batch (SGLang's finish path releases them); ABORTED / FAILED release them through SGLang's
-release path without publishing the never-computed suffix. An abort that finds the request
+release path without publishing the never-computed suffix; RETRACTED ones SGLang's pause released itself
+(and holds for re-bootstrap), so nothing is released here. An abort that finds the request
 EXTENDING is SGLang's running-batch abort (the request is in the extend batch, which the scheduler hook
 lists among SGLang's in-flight batches until the join); it is recorded here.
 
@@ -66,14 +68,16 @@ class LocalState(str, enum.Enum):
     JOINED = "joined"
     ABORTED = "aborted"
     FAILED = "failed"
+    RETRACTED = "retracted"
 
 
 TRANSITIONS: dict[LocalState, frozenset[LocalState]] = {
     LocalState.QUEUED: frozenset({LocalState.EXTENDING, LocalState.ABORTED, LocalState.FAILED}),
-    LocalState.EXTENDING: frozenset({LocalState.JOINED, LocalState.FAILED}),
+    LocalState.EXTENDING: frozenset({LocalState.JOINED, LocalState.FAILED, LocalState.RETRACTED}),
     LocalState.JOINED: frozenset(),
     LocalState.ABORTED: frozenset(),
     LocalState.FAILED: frozenset(),
+    LocalState.RETRACTED: frozenset(),
 }
 
 
@@ -117,7 +121,7 @@ class LocalPrefill:
     """The decode scheduler's local-prefill queue, its one in-flight extend, and their records.
 
     Mutating: `decide`, `count_fallback`, `enqueue`, `plan_extend`, `bind_extend`, `join_extend`, `abort`,
-    `fail`, `on_decode_turn`, `mixed_with`. Read-only: `enabled`, `holds`, `is_extend_batch`, `extend_in_flight`,
+    `fail`, `retract_extend`, `on_decode_turn`, `mixed_with`. Read-only: `enabled`, `holds`, `is_extend_batch`, `extend_in_flight`,
     `mixed_decoding_reqs`, `num_extend_tokens`, `num_pending`, `queued_records`, `record`, `rid_is_live`,
     `snapshot`. Scheduler
     thread only. Counts into `counters`.
@@ -296,6 +300,21 @@ class LocalPrefill:
             self._extend_batch, self._mixed_reqs = None, []
         self._publish_queued()
 
+    def retract_extend(self) -> list[Any]:
+        """A retract-mode pause took the bound extend batch (SGLang retracted its unfinished requests and
+        released their rows, pages and locks itself): its requests are RETRACTED, the batch unbound (no join
+        follows). Returns the requests. Without it the records stayed EXTENDING and the batch bound for good:
+        no later extend was planned, and the scheduler never counted as idle."""
+        if self._extend_batch is None:
+            raise LocalTransitionError("no extend in flight to retract")
+        reqs = [r.req for r in self._extending]
+        for record in self._extending:
+            self._move(record, LocalState.RETRACTED)
+            record.req = None
+        self.counters.add("local_prefill_retracted_total", len(reqs))
+        self._extend_batch, self._extending, self._mixed_reqs = None, [], []
+        return reqs
+
     # ---- read-only -------------------------------------------------------------------------------
     def rid_is_live(self, rid: str) -> bool:
         """True while a request under `rid` is QUEUED or EXTENDING here: `enqueue` refuses a second one, so a
@@ -331,6 +350,7 @@ class LocalPrefill:
             "num_mixed_extends": count("local_prefill_mixed_extends_total"),
             "num_aborted": count("local_prefill_aborted_total"),
             "num_failed": count("local_prefill_failed_total"),
+            "num_retracted": count("local_prefill_retracted_total"),
             "num_deferred_steps": count("local_prefill_deferred_steps_total"),
             "fallbacks": {r.value: count(f"local_prefill_fallback_{r.value}_total") for r in FallbackReason},
             "num_queued": len(self._queue), "num_extending": len(self._extending),

@@ -177,6 +177,21 @@ def after_is_fully_idle(result, scheduler, for_health_check=False, ignore_waitin
     return bool(result) and current().local_prefill.num_pending() == 0
 
 
+def around_pause_generation(original, scheduler, recv_req):
+    """A retract-mode pause whose last batch is the bound local extend: SGLang retracts that batch's
+    requests (releasing their rows, pages and locks, holding them for re-bootstrap), so the extend is over
+    and will not join: its records become RETRACTED and the batch is unbound. An extend the overlap loop has
+    already moved past (not last_batch) is not retracted by SGLang and joins after the pause as before."""
+    local = current().local_prefill
+    batch = local.extend_batch()
+    takes_extend = (batch is not None and getattr(recv_req, "mode", None) == "retract"
+                    and scheduler.last_batch is batch and batch is not scheduler.running_batch)
+    result = original(scheduler, recv_req)
+    if takes_extend:
+        local.retract_extend()
+    return result
+
+
 def after_collect_inflight_batches(result, scheduler):
     """The bound local extend batch is in flight until it joins the running batch: list it with SGLang's.
 

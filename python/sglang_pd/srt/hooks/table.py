@@ -241,6 +241,10 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         "sglang.srt.managers.scheduler.Scheduler.abort_request", "AFTER", scheduler.after_abort_request,
         ProcessKind.SCHEDULER, "client aborts reach requests queued for a local extend (answered, released)"),
     HookSpec(
+        "sglang.srt.managers.scheduler.Scheduler.pause_generation", "AROUND", scheduler.around_pause_generation,
+        ProcessKind.SCHEDULER, "a retract-mode pause that takes a local extend before its join ends it "
+        "(RETRACTED, batch unbound); before, the extend stayed bound for good: no later local extend, never idle"),
+    HookSpec(
         "sglang.srt.managers.scheduler.Scheduler._collect_inflight_batches", "AFTER",
         scheduler.after_collect_inflight_batches, ProcessKind.SCHEDULER,
         "the local extend batch is in flight until its join: SGLang's running-request abort and "
