@@ -58,6 +58,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "local_prefill_fallback_unsupported_request_total": ("counter", "would-be local requests sent to prefill: a feature the local extend does not run"),
     "local_prefill_fallback_decline_unsent_total": ("counter", "would-be local requests sent to prefill: the decline could not be sent"),
     "local_prefill_retracted_total": ("counter", "local requests whose extend a retract-mode pause took before they joined (SGLang released and re-bootstraps them)"),
+    "local_prefill_rebootstrap_rooms_total": ("counter", "locally served requests a retract pause sent back to prefill, each under a new bootstrap room (prefill refuses the declined one)"),
     "local_prefill_fallback_duplicate_rid_total": ("counter", "would-be local requests sent to prefill: another request under their rid was local on this decode"),
     "local_prefill_queued": ("gauge", "requests waiting for their local extend on decode"),
     "mooncake_split_batches_total": ("counter", "mooncake transfer batches over the descriptor limit, sent in parts"),

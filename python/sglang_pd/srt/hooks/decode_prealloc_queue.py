@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from http import HTTPStatus
 
@@ -252,7 +253,10 @@ def around_send_kv_metadata(original, queue, decode_req, kv_indices, page_size, 
         return None
     num_pages = kv_to_page_num(len(kv_indices), page_size)
     try:
-        mismatch = state.decode_admission.record_handoff(req, prefix_len, num_pages)
+        # A rebootstrap (SGLang's recompute after a retract pause) hands off the prompt and the output so
+        # far with no prefix: not the admission plan's hand-off, nothing to check it against.
+        mismatch = None if decode_req.is_rebootstrap else state.decode_admission.record_handoff(req, prefix_len,
+                                                                                                  num_pages)
         if request_kind(req) is RequestKind.NORMAL:  # warmup / health checks move no real KV
             num_bytes = num_pages * bytes_per_page(decode_req.kv_receiver.kv_mgr.kv_args)
             state.counters.add("kv_pages_transferred_total", num_pages)
@@ -264,7 +268,10 @@ def around_send_kv_metadata(original, queue, decode_req, kv_indices, page_size, 
     except Exception:
         state.hook_failed("send_kv_metadata", "failed to record the transfer hand-off")
     _apply_faults(decode_req, page_size, metadata_kwargs)
-    with state.peer_guard.outgoing.sending(int(req.bootstrap_room), req.origin_input_ids):
+    # The prompt prefill's half of this room computes: a rebootstrap (SGLang's recompute after a retract
+    # pause) sends prefill the prompt plus the tokens generated so far, built by SGLang's own payload.
+    prompt = req.build_rebootstrap_payload()["input_ids"] if decode_req.is_rebootstrap else req.origin_input_ids
+    with state.peer_guard.outgoing.sending(int(req.bootstrap_room), prompt):
         result = original(queue, decode_req, kv_indices, page_size, state_indices, **metadata_kwargs)
     if state.faults.take(Fault.TRANSFER_FAIL, int(req.bootstrap_room)):
         _fail_transfer(decode_req)
@@ -330,12 +337,17 @@ def _serve_locally(decode_req, prefix_len: int) -> bool:
         state.hook_failed("local_prefill_enqueue", "room %s was declined to prefill but %s could not be queued "
                           "locally; it stays on the PD path, which fails it", room, req.rid)
         return False
+    setattr(req, DECLINED_ROOM_ATTR, room)
     # Only once queued here is the receiver given up: a refused enqueue left the request whole on the PD path.
     decode_req.kv_receiver.clear()  # abort-notified by the decline: clearing sends nothing more
     decode_req.kv_receiver = None
     attach_request_fields(req, prefix_len, 0, 0, path=PATH_DECODE_LOCAL, num_local_tokens=decision.num_uncached)
     return True
 
+
+# The room a request was declined in, on the request: prefill fails every later transfer info of a room
+# its own request failed (a declined half is one), so a rebootstrap of the request needs a new room.
+DECLINED_ROOM_ATTR = "_sglang_pd_declined_room"
 
 _FAULT_HOLD_S = 5.0  # Fault.LOCAL_QUEUE_HOLD: how long a targeted request waits in the local queue
 
@@ -368,6 +380,18 @@ def _cached_prefix_len(tree, req) -> int:
     return int(tree.match_prefix(MatchPrefixParams(key=key)).device_prefix_len)
 
 
+def _renew_room(queue, req) -> None:
+    """A request served locally is rebootstrapped (SGLang's recompute on prefill after a retract pause)
+    under a new room: prefill refuses every transfer info for the room it declined. Mutates `req.bootstrap_room`."""
+    old = int(req.bootstrap_room)
+    room = secrets.randbits(63)
+    while room == old or room in queue.kv_manager.request_status:
+        room = secrets.randbits(63)
+    req.bootstrap_room = room
+    current().counters.add("local_prefill_rebootstrap_rooms_total")
+    logger.info("sglang_pd: %s (served locally, room %s declined) is rebootstrapped in room %s", req.rid, old, room)
+
+
 def around_add(original, queue, req, is_retracted: bool = False, is_rebootstrap: bool = False):
     """A new request reaches decode: refuse it (HTTP 400) if another request on this decode already holds
     its bootstrap room; refuse it now if its predicted TTFT is over target, and tell prefill to answer
@@ -376,6 +400,8 @@ def around_add(original, queue, req, is_retracted: bool = False, is_rebootstrap:
 
     slo = current().slo
     new = not (is_retracted or is_rebootstrap) and request_kind(req) is RequestKind.NORMAL
+    if is_rebootstrap and req.bootstrap_room is not None and getattr(req, DECLINED_ROOM_ATTR, None) == req.bootstrap_room:
+        _renew_room(queue, req)
     room = req.bootstrap_room
     if new and room is not None and req.finished_reason is None and int(room) in queue.kv_manager.request_status:
         # Upstream keys a decode's transfer state by room: a second request in the same room shares the
