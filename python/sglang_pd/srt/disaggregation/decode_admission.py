@@ -144,12 +144,11 @@ class DecodePrefixAdmission:
         plan if the hand-off disagrees with it, else None. Requests admitted outside this class
         (e.g. rebootstrap after retraction) have no plan and are not counted.
         """
-        key = getattr(req, ADMISSION_KEY_ATTR, None)
-        record = self._records.get(key) if key is not None else None
+        record = self._record_of(req)
         if record is None:
             return None
         plan, earlier = record
-        self._records[key] = (plan, HandoffRecord(decode_prefix_len, num_pages))
+        self._records[getattr(req, ADMISSION_KEY_ATTR)] = (plan, HandoffRecord(decode_prefix_len, num_pages))
         if plan.kind is not RequestKind.NORMAL:
             return None
         if earlier is None:
@@ -168,9 +167,13 @@ class DecodePrefixAdmission:
 
     def plan_for(self, req: Any) -> AdmissionPlan | None:
         """The plan recorded for request `req` (None if never admitted here, or dropped)."""
-        key = getattr(req, ADMISSION_KEY_ATTR, None)
-        record = self._records.get(key) if key is not None else None
+        record = self._record_of(req)
         return None if record is None else record[0]
+
+    def _record_of(self, req: Any) -> tuple[AdmissionPlan, HandoffRecord | None] | None:
+        """`req`'s (plan, hand-off) if it was admitted here and its record is still kept (read-only)."""
+        key = getattr(req, ADMISSION_KEY_ATTR, None)
+        return None if key is None else self._records.get(key)
 
     def snapshot(self, max_recent: int = 256) -> dict:
         """JSON-able counters (from PDCounters) plus the most recent plans with their hand-offs, by rid (of

@@ -121,10 +121,9 @@ class LocalPrefill:
     """The decode scheduler's local-prefill queue, its one in-flight extend, and their records.
 
     Mutating: `decide`, `count_fallback`, `enqueue`, `plan_extend`, `bind_extend`, `join_extend`, `abort`,
-    `fail`, `retract_extend`, `on_decode_turn`, `mixed_with`. Read-only: `enabled`, `holds`, `is_extend_batch`, `extend_in_flight`,
-    `mixed_decoding_reqs`, `num_extend_tokens`, `num_pending`, `queued_records`, `record`, `rid_is_live`,
-    `snapshot`. Scheduler
-    thread only. Counts into `counters`.
+    `fail`, `retract_extend`, `on_decode_turn`, `mixed_with`. Read-only: `enabled`, `holds`, `is_extend_batch`,
+    `extend_in_flight`, `mixed_decoding_reqs`, `num_extend_tokens`, `num_pending`, `queued_records`, `record`,
+    `rid_is_live`, `snapshot`. Scheduler thread only. Counts into `counters`.
     """
 
     def __init__(self, threshold: int, step_tokens: int, counters: PDCounters, max_records: int = 4096,
@@ -166,7 +165,7 @@ class LocalPrefill:
         """`req` (admitted, locked, preallocated; prefill declined) waits for its extend (QUEUED).
         `admitted_ms`: how long it took from the scheduler's receipt to this decision (for the stats)."""
         rid = str(req.rid)
-        if rid in self._records and self._records[rid].state in (LocalState.QUEUED, LocalState.EXTENDING):
+        if self.rid_is_live(rid):
             raise LocalTransitionError(f"{rid} is already a local request in state {self._records[rid].state.value}")
         record = LocalRecord(rid, decode_prefix_len, num_uncached, not_before_s=not_before_s, req=req,
                              admitted_ms=admitted_ms, queued_at_s=self._clock())

@@ -400,7 +400,8 @@ def around_add(original, queue, req, is_retracted: bool = False, is_rebootstrap:
 
     slo = current().slo
     new = not (is_retracted or is_rebootstrap) and request_kind(req) is RequestKind.NORMAL
-    if is_rebootstrap and req.bootstrap_room is not None and getattr(req, DECLINED_ROOM_ATTR, None) == req.bootstrap_room:
+    declined_room = getattr(req, DECLINED_ROOM_ATTR, None)
+    if is_rebootstrap and declined_room is not None and declined_room == req.bootstrap_room:
         _renew_room(queue, req)
     room = req.bootstrap_room
     if new and room is not None and req.finished_reason is None and int(room) in queue.kv_manager.request_status:
