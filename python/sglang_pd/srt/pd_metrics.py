@@ -18,7 +18,8 @@ PREFIX = "sglang_pd:"
 # name -> (kind, help). One table: README, tests and the stats views list from it.
 METRICS: dict[str, tuple[str, str]] = {
     # decode admission (srt/disaggregation/decode_admission.py)
-    "decode_prompt_tokens_total": ("counter", "prompt tokens of requests decode admitted and handed to transfer, once each (real requests only)"),
+    "decode_prompt_tokens_total": ("counter", "prompt tokens of requests decode admitted, once each, handed to "
+                                   "transfer or served by decode-local prefill (real requests only)"),
     "decode_prefix_hit_tokens_total": ("counter", "prompt tokens reused from the decode radix tree (decode_prefix_len)"),
     "decode_pages_saved_total": ("counter", "KV pages not transferred thanks to decode reuse"),
     "decode_admitted_requests_total": ("counter", "admission plans made by decode (warmup and health checks included)"),

@@ -127,3 +127,15 @@ def pytest_sessionfinish(session, exitstatus):
     for dep in _started.values():
         dep.stop()
     _started.clear()
+
+
+def pytest_terminal_summary(terminalreporter):
+    """How many outputs were compared (harness/equality.assert_same), how many differed only past a greedy
+    tie (passed, counted), and the largest logprob difference among those compared."""
+    from sglang_pd.harness.equality import LOGPROB_TOL, TALLY
+
+    terminalreporter.write_line(f"equality checks: {TALLY.num_compared} outputs compared, {TALLY.num_tie_flips} "
+                                f"greedy tie flips, max |d logprob| {TALLY.max_logprob_diff:.2e} "
+                                f"(tolerance {LOGPROB_TOL:g})")
+    record_figures("equality_checks", {"num_compared": TALLY.num_compared, "num_tie_flips": TALLY.num_tie_flips,
+                                       "max_logprob_diff": TALLY.max_logprob_diff, "tolerance": LOGPROB_TOL})

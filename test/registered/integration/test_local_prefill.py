@@ -19,7 +19,10 @@ from lock_checks import in_background, wait_until
 from sglang_pd.bench.pd_client import router_stream
 from sglang_pd.config import LOCAL_PREFILL_STEP_TOKENS, LOCAL_PREFILL_TOKENS
 from sglang_pd.harness import DeploymentConfig, PDDeployment
+from sglang_pd.harness.deployment import new_bootstrap_room
+from sglang_pd.harness.equality import assert_differs, assert_same
 from sglang_pd.launch_router import ROUTING_KEY_HEADER
+from sglang_pd.srt.fault_injection import decode_kv
 from sglang_pd.models import VOCAB_SIZE
 
 pytestmark = pytest.mark.integration
@@ -83,8 +86,8 @@ def test_local_and_remote_requests_in_one_batch_equal_a_plain_server(pd_local: P
     # well before a remote one's (no prefill hop), so 48 new tokens could finish before the remote join.
     with cf.ThreadPoolExecutor(len(prompts)) as pool:
         results = list(pool.map(lambda p: dep.generate_pd(p, 128), prompts))
-    plain = [dep.generate(dep.plain.url, p, 128)["output_ids"] for p in prompts]
-    assert [decoded["output_ids"] for _, decoded, _ in results] == plain
+    for (_, decoded, _), prompt in zip(results, prompts):
+        assert_same(decoded, dep.generate(dep.plain.url, prompt, 128), f"prompt of {len(prompt)} tokens")
     paths = [decoded["meta_info"]["decode_prefill_path"] for _, decoded, _ in results]
     assert paths == ["decode_local"] * 3 + ["prefill"] * 3
     for (prefill_half, decoded, room), prompt in zip(results[:3], local_prompts):
@@ -117,17 +120,19 @@ def test_local_and_remote_requests_in_one_batch_equal_a_plain_server(pd_local: P
 
 def test_a_local_extend_runs_inside_the_decode_step_of_running_requests(pd_local: PDDeployment):
     """Requests already decoding when local ones arrive: each local extend is one mixed forward with
-    their decode step (no separate extend forward holds them back); every output equals a plain server's."""
+    their decode step (no separate extend forward holds them back); every output equals a plain server's.
+    Tokens only: a request asking for logprobs is never mixed (SGLang's mixed forward carries none), so
+    these ask for none; the logprobs of local extends are compared in the other tests here."""
     dep = pd_local
     local_prompts = [_primed(dep, 1000 + 10 * i) for i in range(2)]  # seeds no other test here uses
     remote_prompts = [[2] + _tokens(1100 + i, 40) for i in range(3)]
     before = _local(dep)
-    jobs = [in_background(dep.generate_pd, p, 160) for p in remote_prompts]
+    jobs = [in_background(dep.generate_pd, p, 160, logprobs=False) for p in remote_prompts]
     # decode's running batch now, not its step history (an earlier test's steps ran 6 side by side)
     wait_until(lambda: len(dep.scheduler_state(dep.decodes[0])["queues"]["running"]) >= len(remote_prompts),
                "the remote requests to decode side by side")
     with cf.ThreadPoolExecutor(len(local_prompts)) as pool:
-        local_out = list(pool.map(lambda p: dep.generate_pd(p, 24)[1], local_prompts))
+        local_out = list(pool.map(lambda p: dep.generate_pd(p, 24, logprobs=False)[1], local_prompts))
     for job in jobs:
         job["thread"].join(120)
     assert all("resp" in job for job in jobs), [job.get("error") for job in jobs]
@@ -142,6 +147,63 @@ def test_a_local_extend_runs_inside_the_decode_step_of_running_requests(pd_local
     plain = [dep.generate(dep.plain.url, p, n)["output_ids"] for p, n in
              zip(local_prompts + remote_prompts, [24, 24, 160, 160, 160])]
     assert outputs == plain
+    dep.wait_clean()
+
+
+# Decode's local extend and prefill's extend run the same fp32 model with other kernels and batches: their
+# KV for one token differs by float rounding only (1.9e-6 at most when first measured; printed by the test).
+KV_TOL = 2e-5
+
+
+def _probe(dep: PDDeployment, server, room: int):
+    """The prompt KV the kv_probe fault copied on `server` for `room` ([layers, 2, tokens, heads, dim])."""
+    return decode_kv(dep.scheduler_state(server)["faults"]["kv_probes"][str(room)])
+
+
+def _local_then_prefill_kv(dep: PDDeployment, prompt: list[int], shift: bool):
+    """Serve `prompt` on decode locally (its KV probed; with `shift` the extend writes its KV one slot off),
+    then again through prefill (decode now holds it all: a full prefix hit goes to prefill, which computes
+    the prompt; its KV probed there). Returns (decode's KV, prefill's KV, the local answer)."""
+    local_room, prefill_room = new_bootstrap_room(), new_bootstrap_room()
+    faults = {"kv_probe_room": local_room, **({"local_extend_kv_shift_room": local_room} if shift else {})}
+    dep.arm_faults(dep.decodes[0], **faults)
+    local = dep.generate_pd(prompt, 8, room=local_room)[1]
+    assert local["meta_info"]["decode_prefill_path"] == "decode_local"
+    dep.arm_faults(dep.prefill, kv_probe_room=prefill_room)
+    again = dep.generate_pd(prompt, 8, room=prefill_room)[1]
+    assert again["meta_info"]["decode_prefill_path"] == "prefill"  # full_prefix_hit: prefill computed it
+    return _probe(dep, dep.decodes[0], local_room), _probe(dep, dep.prefill, prefill_room), local
+
+
+def _page_diffs(a, b, page: int) -> list[float]:
+    """Largest |a - b| of each page of positions (dim 2)."""
+    diff = (a - b).abs()
+    return [float(diff[:, :, i:i + page].max()) for i in range(0, a.shape[2], page)]
+
+
+def test_decode_local_kv_equals_prefills_page_by_page_and_a_misplaced_extend_does_not(pd_local: PDDeployment):
+    """The KV decode's local extend wrote for a prompt, against the KV prefill computed for the same
+    prompt, page by page (every layer, K and V): equal within KV_TOL. The power check beside it: a local
+    extend whose KV lands one slot off (local_extend_kv_shift) leaves KV that differs from prefill's
+    where it computed, and an output that differs from a plain server's."""
+    dep, page = pd_local, pd_local.config.page_size
+    prompt = _primed(dep, 1700)  # seeds no other test here uses
+    decode_kv_, prefill_kv, local = _local_then_prefill_kv(dep, prompt, shift=False)
+    assert decode_kv_.shape == prefill_kv.shape and decode_kv_.shape[2] == len(prompt)
+    diffs = _page_diffs(decode_kv_, prefill_kv, page)
+    num_local = local["meta_info"]["decode_local_prefill_tokens"]
+    print(f"KV |decode local - prefill| per page, max {max(diffs):.2e}; over the {num_local} local tokens "
+          f"{max(diffs[-num_local:]):.2e}")
+    assert max(diffs) <= KV_TOL, diffs
+    assert_same(local, dep.generate(dep.plain.url, prompt, 8), "local")
+
+    broken_prompt = _primed(dep, 1720)
+    decode_kv_, prefill_kv, broken = _local_then_prefill_kv(dep, broken_prompt, shift=True)
+    diffs = _page_diffs(decode_kv_, prefill_kv, page)
+    num_local = broken["meta_info"]["decode_local_prefill_tokens"]
+    assert max(diffs[:-num_local]) <= KV_TOL, "the transferred prefix is untouched"
+    assert min(diffs[-num_local:]) > 100 * KV_TOL, diffs[-num_local:]
+    assert_differs(broken, dep.generate(dep.plain.url, broken_prompt, 8), "local extend KV one slot off")
     dep.wait_clean()
 
 
@@ -278,7 +340,7 @@ def test_nixl_and_the_normal_loop_decline_and_serve_locally(pd_local_nixl: PDDep
         results = list(pool.map(lambda p: dep.generate_pd(p, 16), (local_prompt, remote_prompt)))
     assert [r[1]["meta_info"]["decode_prefill_path"] for r in results] == ["decode_local", "prefill"]
     for prompt, (_, decoded, _) in zip((local_prompt, remote_prompt), results):
-        assert decoded["output_ids"] == pd_local.generate(pd_local.plain.url, prompt, 16)["output_ids"]
+        assert_same(decoded, pd_local.generate(pd_local.plain.url, prompt, 16), f"prompt of {len(prompt)} tokens")
     prefill = _prefill(dep)
     assert prefill["declines"][str(results[0][2])]["computed_tokens"] == 0
     assert prefill["rooms"][str(results[1][2])]["num_pages_nixl"] > 0
@@ -342,8 +404,8 @@ def test_a_retract_pause_on_decode_answers_every_request_and_keeps_serving_local
     with cf.ThreadPoolExecutor(len(after_prompts)) as pool:
         after = list(pool.map(lambda p: dep.generate_pd(p, 16)[1], after_prompts))
     assert [d["meta_info"]["decode_prefill_path"] for d in after] == ["decode_local"] * 2
-    assert [d["output_ids"] for d in after] == [dep.generate(dep.plain.url, p, 16)["output_ids"]
-                                                for p in after_prompts]
+    for body, prompt in zip(after, after_prompts):
+        assert_same(body, dep.generate(dep.plain.url, prompt, 16), "after the pause")
     local = _local(dep)
     assert local["num_requests"] - mid["num_requests"] == 2
     stuck = {rid: r["state"] for rid, r in local["requests"].items() if r["state"] in ("queued", "extending")}

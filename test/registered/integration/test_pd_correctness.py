@@ -9,6 +9,7 @@ import pytest
 import requests
 
 from sglang_pd.harness import PDDeployment
+from sglang_pd.harness.equality import assert_differs, assert_same
 from sglang_pd.models import VOCAB_SIZE
 from sglang_pd.srt.mem_cache.common import kv_to_page_num, page_align_floor
 
@@ -38,7 +39,7 @@ class CorrectnessSuite:
         for ids in prompts:
             _, decoded, _ = dep.generate_pd(ids, NEW_TOKENS)
             assert len(decoded["output_ids"]) == NEW_TOKENS
-            assert decoded["output_ids"] == dep.generate(plain_url, ids, NEW_TOKENS)["output_ids"], len(ids)
+            assert_same(decoded, dep.generate(plain_url, ids, NEW_TOKENS), f"prompt of {len(ids)} tokens")
         dep.wait_clean()
 
     def test_conversation_reuses_decode_prefix(self, dep: PDDeployment, plain_url: str):
@@ -54,7 +55,7 @@ class CorrectnessSuite:
         previous_context = 0
         for turn in range(4):
             _, decoded, room = dep.generate_pd(conv, NEW_TOKENS)
-            assert decoded["output_ids"] == dep.generate(plain_url, conv, NEW_TOKENS)["output_ids"]
+            assert_same(decoded, dep.generate(plain_url, conv, NEW_TOKENS), f"turn {turn + 1}")
             record = dep.prefill_rooms()[room]
             expected_prefix = page_align_floor(previous_context, page)
             expected_pages = kv_to_page_num(len(conv) - expected_prefix, page)
@@ -78,7 +79,38 @@ class CorrectnessSuite:
         assert record["num_pages_planned"] == 0 and record["num_pages_sent"] == 0
         if dep.config.transfer_backend == "nixl":
             assert record["num_pages_nixl"] == 0
-        assert again["output_ids"] == first["output_ids"] == dep.generate(plain_url, prompt, NEW_TOKENS)["output_ids"]
+        plain = dep.generate(plain_url, prompt, NEW_TOKENS)
+        assert_same(first, plain, "first")
+        assert_same(again, plain, "full prefix hit")
+        dep.wait_clean()
+
+    # ---- power checks: each equality above can fail. The path is broken on purpose, for one room, and
+    # the output must then differ from the plain server's (tokens, or logprobs beyond the tolerance).
+    def test_a_transferred_page_corrupted_on_arrival_changes_the_output(self, dep: PDDeployment, plain_url: str):
+        """kv_page_corrupt: decode overwrites the first page prefill sent before any forward reads it."""
+        rng = random.Random(600 + dep.config.page_size)
+        prompt = _tokens(rng, 40)
+        room, fired = arm_for_new_room(dep, "kv_page_corrupt")
+        _, decoded, _ = dep.generate_pd(prompt, NEW_TOKENS, room=room)
+        assert decode_fired(dep, "kv_page_corrupt") == fired + 1
+        assert_differs(decoded, dep.generate(plain_url, prompt, NEW_TOKENS), "one transferred page corrupted")
+        again = _tokens(rng, 40)  # the same pair, unbroken: equal again
+        assert_same(dep.generate_pd(again, NEW_TOKENS)[1], dep.generate(plain_url, again, NEW_TOKENS), "after")
+        dep.wait_clean()
+
+    def test_decode_prefix_len_one_page_ahead_changes_the_output(self, dep: PDDeployment, plain_url: str):
+        """prefix_page_ahead: decode tells prefill it holds one page more than it does and leaves that
+        page as the pool had it (prefill skips it): decode then reads KV it never received."""
+        page = dep.config.page_size
+        rng = random.Random(610 + page)
+        primed = _tokens(rng, 2 * page + 3)
+        dep.generate_pd(primed, NEW_TOKENS)  # decode holds this prefix: the broken request's match
+        prompt = primed + _tokens(rng, 3 * page)
+        room, fired = arm_for_new_room(dep, "prefix_page_ahead")
+        _, decoded, _ = dep.generate_pd(prompt, NEW_TOKENS, room=room)
+        assert decode_fired(dep, "prefix_page_ahead") == fired + 1
+        assert_differs(decoded, dep.generate(plain_url, prompt, NEW_TOKENS), "decode_prefix_len one page ahead")
+        assert dep.prefill_rooms()[room]["decode_prefix_len"] == page_align_floor(len(primed), page) + page
         dep.wait_clean()
 
 
@@ -134,6 +166,20 @@ class CorrectnessSuite:
         assert after["num_matched"] == before["num_matched"] + 1          # the normal pair: digest sent, matched
         assert after["num_absent"] == before["num_absent"]
         dep.wait_clean()
+
+
+def arm_for_new_room(dep: PDDeployment, fault: str) -> tuple[int, int]:
+    """A new room with `fault` armed for it on decode, and how often the fault had fired before."""
+    from sglang_pd.harness.deployment import new_bootstrap_room
+
+    room, before = new_bootstrap_room(), decode_fired(dep, fault)
+    dep.arm_faults(dep.decodes[0], **{f"{fault}_room": room})
+    return room, before
+
+
+def decode_fired(dep: PDDeployment, fault: str) -> int:
+    """How often test fault `fault` fired on decode."""
+    return dep.scheduler_state(dep.decodes[0])["faults"]["fired"].get(fault, 0)
 
 
 class TestMooncakeTcp(CorrectnessSuite):

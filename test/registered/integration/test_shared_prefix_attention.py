@@ -5,7 +5,8 @@ really grouped them, read own parts in place with the C kernel it built at start
 segments, prefill's extends attended only their new queries (counters on /sglang_pd/stats and
 /metrics), nothing fell back, and the pair ends clean (no lock, no page held). Requests aborted while
 decoding inside a group leave it, the group goes on with the others, whose outputs still equal a
-plain server's."""
+plain server's (tokens and logprobs). Power check: with the partials averaged instead of merged by their
+log-sum-exp (test fault shared_merge_average) the grouped requests' outputs differ from a plain server's."""
 
 import concurrent.futures as cf
 import random
@@ -15,6 +16,7 @@ import pytest
 
 from lock_checks import wait_until
 from sglang_pd.harness import DeploymentConfig, PDDeployment
+from sglang_pd.harness.equality import assert_differs, assert_same
 from sglang_pd.models import VOCAB_SIZE
 from sglang_pd.srt.hooks.attention_backend import BACKEND_NAME
 
@@ -29,7 +31,7 @@ GROUPED_TOKENS = 300
 
 @pytest.fixture(scope="module")
 def pd(tmp_path_factory):
-    config = DeploymentConfig(page_size=16, with_plain=True, decode_attention_backend=BACKEND_NAME,
+    config = DeploymentConfig(page_size=16, with_plain=True, fault_injection=True, decode_attention_backend=BACKEND_NAME,
                               prefill_attention_backend=BACKEND_NAME, log_dir=tmp_path_factory.mktemp("shared_prefix"))
     with PDDeployment(config) as dep:
         yield dep
@@ -39,9 +41,10 @@ def _tokens(rng: random.Random, n: int) -> list[int]:
     return [rng.randrange(3, VOCAB_SIZE) for _ in range(n)]
 
 
-def _concurrent_pd(pd: PDDeployment, prompts: list[list[int]], lengths: list[int]) -> list[list[int]]:
+def _concurrent_pd(pd: PDDeployment, prompts: list[list[int]], lengths: list[int]) -> list[dict]:
+    """Decode's answers to `prompts`, sent all at once (they decode side by side)."""
     with cf.ThreadPoolExecutor(len(prompts)) as pool:
-        return list(pool.map(lambda p, n: pd.generate_pd(p, n)[1]["output_ids"], prompts, lengths))
+        return list(pool.map(lambda p, n: pd.generate_pd(p, n)[1], prompts, lengths))
 
 
 def test_outputs_equal_a_plain_server_and_decode_reads_the_shared_prefix_once(pd: PDDeployment):
@@ -55,10 +58,10 @@ def test_outputs_equal_a_plain_server_and_decode_reads_the_shared_prefix_once(pd
     lengths = [LONG_TOKENS] + [NEW_TOKENS] * (NUM_CLIENTS - 1)
     turn1 = [system + _tokens(rng, 5 + 3 * i) for i in range(NUM_CLIENTS)]
     out1 = _concurrent_pd(pd, turn1, lengths)
-    turn2 = [p + o + _tokens(rng, 7) for p, o in zip(turn1, out1)]  # each conversation nests under turn 1
+    turn2 = [p + o["output_ids"] + _tokens(rng, 7) for p, o in zip(turn1, out1)]  # nested under turn 1
     out2 = _concurrent_pd(pd, turn2, lengths)
-    plain = [pd.generate(pd.plain.url, p, n)["output_ids"] for p, n in zip(turn1 + turn2, lengths * 2)]
-    assert out1 + out2 == plain
+    for body, prompt, n in zip(out1 + out2, turn1 + turn2, lengths * 2):
+        assert_same(body, pd.generate(pd.plain.url, prompt, n), f"prompt of {len(prompt)} tokens")
 
     shared = pd.scheduler_state(pd.decodes[0])["shared_attention"]
     print(f"decode shared attention: {shared}")
@@ -112,8 +115,32 @@ def test_members_aborted_mid_decode_leave_the_group_and_the_rest_equal_a_plain_s
             assert body["meta_info"]["finish_reason"]["type"] == "abort"
             assert len(body["output_ids"]) < GROUPED_TOKENS
         else:
-            assert body["output_ids"] == pd.generate(pd.plain.url, prompt, GROUPED_TOKENS)["output_ids"], rid
+            assert_same(body, pd.generate(pd.plain.url, prompt, GROUPED_TOKENS), rid)
     shared = pd.scheduler_state(pd.decodes[0])["shared_attention"]
     assert shared["shared_attn_groups_total"] > groups_before
     assert set(shared["fallback_layer_calls"].values()) == {0}
+    pd.wait_clean()
+
+
+def test_partials_averaged_instead_of_merged_change_the_grouped_outputs(pd: PDDeployment):
+    """Power check of the equality above: while shared_merge_average is armed, decode averages each
+    request's segment and own partials (their weights ignored) instead of the log-sum-exp merge; the
+    grouped requests' outputs then differ from a plain server's. Disarmed, the same pair equals plain again."""
+    rng = random.Random(31)
+    system = [1] + _tokens(rng, 479)
+    pd.generate_pd(system + _tokens(rng, 3), 1)
+    prompts = [system + _tokens(rng, 5 + 3 * i) for i in range(NUM_CLIENTS)]
+    fired = lambda: pd.scheduler_state(pd.decodes[0])["faults"]["fired"].get("shared_merge_average", 0)  # noqa: E731
+    before = fired()
+    pd.arm_faults(pd.decodes[0], shared_merge_average=10**6)  # every grouped forward until disarmed
+    try:
+        broken = _concurrent_pd(pd, prompts, [NEW_TOKENS] * NUM_CLIENTS)
+    finally:
+        pd.arm_faults(pd.decodes[0], shared_merge_average=0)
+    assert fired() - before >= NEW_TOKENS // 2, "the requests decoded grouped while the fault was armed"
+    for body, prompt in zip(broken, prompts):
+        assert_differs(body, pd.generate(pd.plain.url, prompt, NEW_TOKENS), "partials averaged")
+    again = [system + _tokens(rng, 6 + 3 * i) for i in range(NUM_CLIENTS)]
+    for body, prompt in zip(_concurrent_pd(pd, again, [NEW_TOKENS] * NUM_CLIENTS), again):
+        assert_same(body, pd.generate(pd.plain.url, prompt, NEW_TOKENS), "after")
     pd.wait_clean()

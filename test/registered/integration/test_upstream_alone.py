@@ -9,6 +9,7 @@ import pytest
 
 from conftest import LOG_ROOT, record_figures
 from sglang_pd.harness import DeploymentConfig, PDDeployment
+from sglang_pd.harness.equality import assert_same
 from sglang_pd.harness.upstream_state import metric_totals
 from sglang_pd.models import VOCAB_SIZE, model_config
 
@@ -42,7 +43,7 @@ def test_upstream_alone_serves_our_outputs_and_exposes_only_its_own_figures(pd_u
         upstream = pd_upstream.generate_pd(prompt, 8)[1]
         ours = pd_page16.generate_pd(prompt, 8)[1]
         assert "decode_prefix_len" not in upstream["meta_info"] and "decode_prefix_len" in ours["meta_info"]
-        assert upstream["output_ids"] == ours["output_ids"]
+        assert_same(ours, upstream, "sglang_pd vs upstream alone")
         full_pages += -(-len(prompt) // PAGE)
         prompt = prompt + upstream["output_ids"] + [rng.randrange(3, VOCAB_SIZE) for _ in range(10)]
     sent_pages = (_kv_mb(pd_upstream) - mb0) * 2**20 / _bytes_per_page()

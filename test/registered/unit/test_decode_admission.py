@@ -124,6 +124,23 @@ def test_a_replanned_request_is_counted_once_at_its_hand_off(pool, ledger):
     assert pool.integrity(ledger).ok
 
 
+def test_a_request_served_locally_counts_its_prompt_and_hit_once_and_no_page(pool, ledger):
+    """Decode-local prefill hands nothing to transfer: the prompt and the reused tokens are counted (decode
+    admitted it and reused its prefix), once, and no page counter moves."""
+    pool.cache_tokens(list(range(8)))
+    req = make_req("local", list(range(8)) + [500, 501])
+    plan = _admit(pool, req)
+    counters = ledger.counters
+    ledger_admission().record_local(req)
+    ledger_admission().record_local(req)
+    assert counters.get("decode_prompt_tokens_total") == 10 and counters.get("decode_prefix_hit_tokens_total") == 8
+    assert counters.get("decode_pages_planned_total") == 0 and counters.get("decode_pages_saved_total") == 0
+    assert ledger_admission().record_handoff(req, plan.decode_prefix_len, plan.num_new_pages) is None
+    assert counters.get("decode_prompt_tokens_total") == 10, "a later hand-off does not count it again"
+    pool.tree.unlock(req.lock)
+    assert pool.integrity(ledger).ok
+
+
 def test_two_live_requests_under_one_rid_keep_their_own_plans(pool, ledger):
     """Plans are kept per request, not per rid: the first's hand-off is checked and counted against its own
     plan, not the second's (keyed by rid it was counted a mismatch, a re-plan, with the second's figures)."""

@@ -204,7 +204,7 @@ def sglang_context():
 
     from sglang_pd.models import ensure_model_dir
 
-    args = ServerArgs(model_path=str(ensure_model_dir("tiny")), device="cpu", load_format="dummy",
+    args = ServerArgs(model_path=str(ensure_model_dir("tiny")), device="cpu",
                       skip_tokenizer_init=True)
     with use_context(create_context(args, role="test")) as context:
         yield context

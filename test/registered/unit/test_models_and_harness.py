@@ -17,14 +17,15 @@ from sglang_pd.models import ensure_model_dir, model_config
 pytestmark = pytest.mark.unit
 
 
-def test_model_dir_written_once_and_rewritten_on_change(tmp_path, monkeypatch):
+def test_model_dir_is_a_checkpoint_built_once(tmp_path, monkeypatch):
     monkeypatch.setenv("SGLANG_PD_MODEL_DIR", str(tmp_path))
     folder = ensure_model_dir("tiny")
     config = json.loads((folder / "config.json").read_text())
     assert config == model_config("tiny")
     assert config["architectures"] == ["LlamaForCausalLM"] and config["torch_dtype"] == "float32"
-    mtime = (folder / "config.json").stat().st_mtime_ns
-    assert ensure_model_dir("tiny") == folder and (folder / "config.json").stat().st_mtime_ns == mtime
+    weights = folder / "model.safetensors"
+    mtime = weights.stat().st_mtime_ns
+    assert ensure_model_dir("tiny") == folder and weights.stat().st_mtime_ns == mtime
     with pytest.raises(ValueError, match="unknown built-in model 'huge'; known: capacity, smollm2, tiny"):
         model_config("huge")
 

@@ -235,3 +235,19 @@ def test_a_mixed_forward_attends_its_decode_rows_by_shared_prefix():
     world.advance()
     assert _step(world) <= TOLERANCE  # the next decode step: all four decode
     assert world.stats.last_step.batch_size == 4 and world.stats.last_step.num_grouped_requests == 4
+
+
+def test_the_averaged_merge_fault_is_off_by_far_more_than_the_tolerance(pd_state):
+    """The power check's break on real pools: with shared_merge_average armed (the integration test arms
+    it on a server) a grouped step's output departs from torch_native's by orders of magnitude more than
+    TOLERANCE; the step after it, disarmed, is within TOLERANCE again."""
+    from sglang_pd.srt.fault_injection import Fault
+
+    pd_state.faults.enabled = True
+    world = _world()
+    _group(world, random.Random(5), [5, 17, 30, 41])
+    pd_state.faults.arm(Fault.SHARED_MERGE_AVERAGE, 1)
+    assert _step(world) > 1000 * TOLERANCE
+    assert pd_state.faults.fired == {Fault.SHARED_MERGE_AVERAGE: 1}
+    world.advance()
+    assert _step(world) <= TOLERANCE

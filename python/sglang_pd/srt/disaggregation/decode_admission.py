@@ -158,6 +158,19 @@ class DecodePrefixAdmission:
             return plan
         return None
 
+    def record_local(self, req: Any) -> None:
+        """`req` is served by decode-local prefill (nothing handed to transfer): count its prompt and the
+        tokens it reused from the tree, once, as a hand-off of 0 pages. No page counter moves (no page is
+        asked of prefill). Requests admitted outside this class are not counted."""
+        record = self._record_of(req)
+        if record is None or record[1] is not None:
+            return
+        plan = record[0]
+        self._records[getattr(req, ADMISSION_KEY_ATTR)] = (plan, HandoffRecord(plan.decode_prefix_len, 0))
+        if plan.kind is RequestKind.NORMAL:
+            self.counters.add("decode_prompt_tokens_total", plan.prompt_len)
+            self.counters.add("decode_prefix_hit_tokens_total", plan.decode_prefix_len)
+
     def _count_admitted(self, plan: AdmissionPlan) -> None:
         self.counters.add("decode_prompt_tokens_total", plan.prompt_len)
         self.counters.add("decode_prefix_hit_tokens_total", plan.decode_prefix_len)

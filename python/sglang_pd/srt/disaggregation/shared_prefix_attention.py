@@ -58,6 +58,7 @@ class SharedPrefixDecoder:
         self.kernel = kernel
         self.segments = SegmentKVCache(num_kv_heads, head_dim)
         self._previous: dict[RequestKey, int] = {}  # the previous decode forward: key -> seq_len
+        self.average_merge = False  # test fault (shared_merge_average): partials averaged, not LSE-merged
 
     def plan(self, grouping: PrefixGrouping, rows: torch.Tensor, keys: Sequence[RequestKey],
              pool_k: Sequence[torch.Tensor], pool_v: Sequence[torch.Tensor]) -> DecodePlan:
@@ -80,8 +81,19 @@ class SharedPrefixDecoder:
             raise ValueError(f"plan is for {plan.batch_size} requests, got {q.shape[0]} queries")
         qs = (q.float() * scale).contiguous()
         out, lse = self._segment_partials(layer, qs, plan)
-        self.kernel.merge_own(qs, k_buf, v_buf, plan.own, out, lse)
+        if self.average_merge and plan.segments:
+            out = self._averaged(qs, k_buf, v_buf, plan, out, lse)
+        else:
+            self.kernel.merge_own(qs, k_buf, v_buf, plan.own, out, lse)
         return out if q.dtype == torch.float32 else out.to(q.dtype)
+
+    def _averaged(self, qs, k_buf, v_buf, plan: DecodePlan, seg_out, seg_lse) -> torch.Tensor:
+        """The WRONG merge a power check needs: segment and own partials averaged where both exist,
+        weights ignored (read-only on the pool)."""
+        own_out, own_lse = torch.zeros_like(seg_out), torch.full_like(seg_lse, float("-inf"))
+        self.kernel.merge_own(qs, k_buf, v_buf, plan.own, own_out, own_lse)
+        both = (torch.isfinite(seg_lse) & torch.isfinite(own_lse)).unsqueeze(-1)
+        return torch.where(both, (seg_out + own_out) / 2, seg_out + own_out)
 
     def _segment_partials(self, layer: int, qs: torch.Tensor, plan: DecodePlan) -> tuple[torch.Tensor, torch.Tensor]:
         """Contiguous accumulators (out [B, Hq, Dv], lse [B, Hq]) holding every request's partial over

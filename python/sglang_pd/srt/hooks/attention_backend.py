@@ -35,6 +35,7 @@ from sglang_pd.srt.disaggregation.prefix_groups import find_prefix_groups
 from sglang_pd.srt.disaggregation.segment_kv_cache import RequestKey
 from sglang_pd.srt.disaggregation.shared_attention_stats import FallbackReason, SharedAttentionStats
 from sglang_pd.srt.disaggregation.shared_prefix_attention import DecodePlan, SharedPrefixDecoder
+from sglang_pd.srt.fault_injection import Fault
 from sglang_pd.srt.state import current
 
 BACKEND_NAME = "sglang_pd_shared_prefix"
@@ -208,6 +209,8 @@ class SharedPrefixAttnBackend(AttentionBackend):
         plan = self.decoder.plan(grouping, rows, keys, [pool.get_key_buffer(i) for i in self.layer_ids],
                                  [pool.get_value_buffer(i) for i in self.layer_ids])
         self.stats.on_step(grouping, plan)
+        faults = current().faults
+        self.decoder.average_merge = bool(faults.enabled and plan.segments and faults.take(Fault.SHARED_MERGE_AVERAGE))
         return plan
 
     def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):

@@ -224,13 +224,21 @@ def around_pre_alloc(original, queue, req, prefix_indices=None, prefix_len=None,
 
 
 # ---- transfer hand-off ---------------------------------------------------------------------------
-def _apply_faults(decode_req, page_size: int, metadata_kwargs: dict) -> None:
+def _apply_faults(decode_req, kv_indices, page_size: int, metadata_kwargs: dict):
+    """Test faults on the hand-off (mutates `metadata_kwargs`); returns the slots to hand off. With
+    PREFIX_PAGE_AHEAD prefill is told one page more prefix than decode holds and is not given that page's
+    slots: the page keeps whatever the pool had there, as a decode reusing a page it does not hold would."""
     faults, req = current().faults, decode_req.req
     room = int(req.bootstrap_room)
+    prefix_len = int(metadata_kwargs.get("decode_prefix_len") or 0)
     if faults.take(Fault.PREFIX_UNALIGNED, room):
-        metadata_kwargs["decode_prefix_len"] = int(metadata_kwargs.get("decode_prefix_len") or 0) + 1
+        metadata_kwargs["decode_prefix_len"] = prefix_len + 1
     elif faults.take(Fault.PREFIX_EXCEEDS, room):
         metadata_kwargs["decode_prefix_len"] = len(req.origin_input_ids) + page_size
+    elif len(kv_indices) > page_size and faults.take(Fault.PREFIX_PAGE_AHEAD, room):
+        metadata_kwargs["decode_prefix_len"] = prefix_len + page_size
+        return kv_indices[page_size:]
+    return kv_indices
 
 
 def _fail_transfer(decode_req) -> None:
@@ -267,7 +275,8 @@ def around_send_kv_metadata(original, queue, decode_req, kv_indices, page_size, 
                          req.rid, prefix_len, num_pages, mismatch)
     except Exception:
         state.hook_failed("send_kv_metadata", "failed to record the transfer hand-off")
-    _apply_faults(decode_req, page_size, metadata_kwargs)
+    if state.faults.enabled:
+        kv_indices = _apply_faults(decode_req, kv_indices, page_size, metadata_kwargs)
     # The prompt prefill's half of this room computes: a rebootstrap (SGLang's recompute after a retract
     # pause) sends prefill the prompt plus the tokens generated so far, built by SGLang's own payload.
     prompt = req.build_rebootstrap_payload()["input_ids"] if decode_req.is_rebootstrap else req.origin_input_ids
@@ -338,6 +347,7 @@ def _serve_locally(decode_req, prefix_len: int) -> bool:
                           "locally; it stays on the PD path, which fails it", room, req.rid)
         return False
     setattr(req, DECLINED_ROOM_ATTR, room)
+    state.decode_admission.record_local(req)
     # Only once queued here is the receiver given up: a refused enqueue left the request whole on the PD path.
     decode_req.kv_receiver.clear()  # abort-notified by the decline: clearing sends nothing more
     decode_req.kv_receiver = None

@@ -22,7 +22,10 @@ logger = logging.getLogger(__name__)
 
 
 def around_get_new_prebuilt_batch(original, scheduler, running_batch):
-    """Let only the first `admission_for(...)` waiting requests join; learn TTFT from those that do."""
+    """Let only the first `admission_for(...)` waiting requests join; learn TTFT from those that do.
+    (Test fault KV_PAGE_CORRUPT: a waiting request's first transferred page is overwritten first.)"""
+    if current().faults.enabled:
+        _corrupt_arrived_pages(scheduler)
     slo = current().slo
     if slo.itl_target_s is None and slo.ttft_target_s is None:
         return original(scheduler, running_batch)
@@ -41,6 +44,21 @@ def around_get_new_prebuilt_batch(original, scheduler, running_batch):
     if batch is not None:
         slo.on_admitted([str(r.rid) for r in batch.reqs], time.perf_counter())
     return batch
+
+
+def _corrupt_arrived_pages(scheduler) -> None:
+    """Test fault: for each waiting request (its KV arrived, no forward has read it) whose room has
+    KV_PAGE_CORRUPT armed, the first page prefill sent is overwritten with noise in every layer."""
+    from sglang_pd.srt.fault_injection import Fault, overwrite_with_noise
+
+    faults = current().faults
+    page = scheduler.token_to_kv_pool_allocator.page_size
+    for req in scheduler.waiting_queue:
+        if req.bootstrap_room is None or not faults.take(Fault.KV_PAGE_CORRUPT, int(req.bootstrap_room)):
+            continue
+        start = (req.customized_info or {}).get("decode_prefix_len", [0])[0]
+        slots = scheduler.req_to_token_pool.req_to_token[req.kv.req_pool_idx, start:start + page]
+        overwrite_with_noise(scheduler.token_to_kv_pool_allocator.get_kvcache(), slots.long(), int(req.bootstrap_room))
 
 
 # ---- decode-local prefill --------------------------------------------------------------------------

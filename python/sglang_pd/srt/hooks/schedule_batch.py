@@ -71,6 +71,22 @@ def around_alloc_for_extend(original, batch):
             raise RuntimeError(f"local extend of {req.rid}: row holds {req.kv.kv_allocated_len} slots, "
                                f"the prompt needs {req.extend_end}")
     table = batch.req_to_token_pool.req_to_token
-    out_cache_loc = torch.cat([table[row, req.prefix_len:req.extend_end] for row, req in zip(rows, batch.reqs)])
+    slots = [table[row, req.prefix_len:req.extend_end] for row, req in zip(rows, batch.reqs)]
+    if current().faults.enabled:
+        slots = [_shifted_for_fault(req, s) for req, s in zip(batch.reqs, slots)]
+    out_cache_loc = torch.cat(slots)
     rows_cpu = torch.tensor(rows, dtype=torch.int64)
     return out_cache_loc.to(torch.int64), rows_cpu.to(batch.device, non_blocking=True), rows_cpu
+
+
+def _shifted_for_fault(req, slots):
+    """Test fault LOCAL_EXTEND_KV_SHIFT: the room's extend writes each token's KV into the slot of the
+    position before it (the first token's into the last slot: rolled by one), so the row holds its KV at
+    the wrong positions."""
+    import torch
+
+    from sglang_pd.srt.fault_injection import Fault
+
+    if len(slots) < 2 or not current().faults.take(Fault.LOCAL_EXTEND_KV_SHIFT, int(req.bootstrap_room)):
+        return slots
+    return torch.roll(slots, 1)

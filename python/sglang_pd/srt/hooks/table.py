@@ -160,6 +160,10 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         schedule_batch.after_retract_decode, ProcessKind.SCHEDULER,
         "count retractions, so tests can prove the retraction path ran and released its locks"),
     HookSpec(
+        "sglang.srt.mem_cache.common.release_kv_cache", "BEFORE", mem_cache_common.before_release_kv_cache,
+        ProcessKind.SCHEDULER, "tests only (fault injection on): copy an armed room's prompt KV before its row is "
+        "released, for a test to compare the KV decode computed locally with prefill's, page by page"),
+    HookSpec(
         "sglang.srt.mem_cache.common.checkpoint_kv_cache", "REPLACE",
         mem_cache_common.replace_checkpoint_kv_cache, ProcessKind.SCHEDULER,
         "publish running requests via maybe_cache_unfinished_req: warmup/health/fake never enter the tree"),
@@ -171,7 +175,8 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         f"{_DISAGG}.decode.DecodePreallocQueue._send_kv_metadata", "AROUND",
         decode_prealloc_queue.around_send_kv_metadata, ProcessKind.SCHEDULER,
         "decode-local prefill decided after match + lock + prealloc, before prefill hears of the request "
-        "(local: decline sent, request queued); else check decode_prefix_len and pages against the plan"),
+        "(local: decline sent, request queued); else check decode_prefix_len and pages against the plan; tests "
+        "only: faults that bend decode_prefix_len (prefix_unaligned, prefix_exceeds, prefix_page_ahead)"),
     # --- retraction that keeps the prefix, batched eviction (issue 5) ---
     HookSpec(
         f"{_DISAGG}.decode.DecodePreallocQueue._pre_alloc", "AROUND",
@@ -195,7 +200,8 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
     HookSpec(
         f"{_DISAGG}.decode.SchedulerDisaggregationDecodeMixin._get_new_prebuilt_batch", "AROUND",
         decode_scheduler.around_get_new_prebuilt_batch, ProcessKind.SCHEDULER,
-        "cap waiting -> running admissions at what keeps the predicted step within SGLANG_PD_ITL_TARGET_MS"),
+        "cap waiting -> running admissions at what keeps the predicted step within SGLANG_PD_ITL_TARGET_MS; tests "
+        "only: an armed kv_page_corrupt overwrites a waiting request's first transferred page (power checks)"),
     HookSpec(
         f"{_DISAGG}.decode.DecodePreallocQueue.add", "AROUND", decode_prealloc_queue.around_add,
         ProcessKind.SCHEDULER, "refuse (400) a request whose bootstrap room another request here holds (upstream's "
@@ -209,7 +215,8 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
         "step's decode (one mixed forward) when requests are decoding, else alone (at most one per decode step)"),
     HookSpec(
         "sglang.srt.managers.schedule_batch.alloc_for_extend", "AROUND", schedule_batch.around_alloc_for_extend,
-        ProcessKind.SCHEDULER, "a local extend writes into the pages decode preallocated (no second allocation)"),
+        ProcessKind.SCHEDULER, "a local extend writes into the pages decode preallocated (no second allocation); "
+        "tests only: an armed local_extend_kv_shift writes each token's KV one slot off (power checks)"),
     HookSpec(
         f"{_DISAGG}.decode.DecodePreallocQueue._active_req_count", "AFTER",
         decode_prealloc_queue.after_active_req_count, ProcessKind.SCHEDULER,
