@@ -199,11 +199,11 @@ def test_decode_local_kv_equals_prefills_page_by_page_and_a_misplaced_extend_doe
 
     broken_prompt = _primed(dep, 1720)
     decode_kv_, prefill_kv, broken = _local_then_prefill_kv(dep, broken_prompt, shift=True)
+    assert_differs(broken, dep.generate(dep.plain.url, broken_prompt, 8), "local extend KV one slot off")
     diffs = _page_diffs(decode_kv_, prefill_kv, page)
     num_local = broken["meta_info"]["decode_local_prefill_tokens"]
     assert max(diffs[:-num_local]) <= KV_TOL, "the transferred prefix is untouched"
     assert min(diffs[-num_local:]) > 100 * KV_TOL, diffs[-num_local:]
-    assert_differs(broken, dep.generate(dep.plain.url, broken_prompt, 8), "local extend KV one slot off")
     dep.wait_clean()
 
 
