@@ -17,8 +17,9 @@ FIGURES = [
     ("prefill_computed_tokens", "prefill tokens computed", "{:.0f}"),
     ("slo_attainment", "SLO attainment", "{:.3f}"), ("goodput", "goodput (req/s)", "{:.2f}"),
 ]
-# Figures a ratio to a baseline is given for (counts of failures have none: 0 / 0).
-RATIO_KEYS = [key for key, _, _ in FIGURES if key not in ("failed", "refused")]
+# Figures a ratio to a baseline is given for: not counts of failures (0 / 0), nor the decode hit rate (off's
+# is 0 and on-upstream does not expose it: never a ratio to either baseline).
+RATIO_KEYS = [key for key, _, _ in FIGURES if key not in ("failed", "refused", "decode_hit_rate")]
 BASELINES = ("off", "on-upstream")
 
 
