@@ -37,7 +37,6 @@ import argparse
 import dataclasses
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -46,12 +45,13 @@ from tqdm import tqdm
 
 from sglang_pd.bench.multiturn_workload import WorkloadConfig, run_workload, system_prompt
 from sglang_pd.bench.pd_client import pd_stream, router_stream
+from sglang_pd.bench.fresh_run import config_deployment, run_fresh
 from sglang_pd.bench.report import (format_local_stages, format_prefill_answer, format_stages, format_table,
-                                     format_ttft_split, local_breakdown, plot, plot_summary, summarize)
+                                     format_ttft_split, identical_outputs, machine, plot, plot_summary)
 from sglang_pd.bench.server_figures import ServerFigures
-from sglang_pd.bench.slo import BenchConfig, SloTargets, parse_configs, plot_pareto, plot_slo, slo_figures
+from sglang_pd.bench.slo import BenchConfig, SloTargets, parse_configs, plot_pareto, plot_slo
 from sglang_pd.bench.start_failure import StartFailure
-from sglang_pd.harness import DeploymentConfig, PDDeployment, ServerStartError
+from sglang_pd.harness import PDDeployment
 from sglang_pd.harness.cpu_placement import SPLITS, split_placement
 
 PRESETS: dict[str, tuple[dict, dict]] = {  # name -> (workload, deployment)
@@ -157,57 +157,32 @@ def measure(prefill_url, decode_url, bootstrap_port, cfg: WorkloadConfig, label:
     records = run_workload(cfg, send, on_done=lambda r: bar.update(0 if r.result.rejected else 1))
     duration, client_cpu_s = time.perf_counter() - start, time.process_time() - cpu_start
     bar.close()
-    after = figures.snapshot()
     outputs = {(r.client, r.round): r.result.output_ids for r in records if not r.result.rejected}
-    summary = summarize(records, duration, figures.transfer(before, after))
-    summary.update(figures.delta(before, after), sglang_pd=figures.plugin, client_cpu_s=client_cpu_s)
-    if slo is not None and (slo.ttft_s or slo.itl_s):
-        summary.update(slo_figures([r.result for r in records], duration, slo))
-    decode_state = (PDDeployment.get_json(decode_url, "/sglang_pd/stats")["schedulers"][0]
-                    if figures.plugin else {})
-    summary["decode_slo"] = decode_state.get("slo")
-    summary["decode_shared_attention"] = decode_state.get("shared_attention")
-    ttft_by_rid = {f"pd-{r.result.room}": r.result.ttft_s for r in records if r.result.ok}  # pd_client's rid
-    summary["decode_local_prefill"] = local_breakdown(decode_state.get("local_prefill"), ttft_by_rid)
+    summary = figures.summarize_run(records, duration, before, slo, client_cpu_s)
     return summary, outputs
 
 
 def run_config(config: BenchConfig, args, cfg: WorkloadConfig):
-    """Fresh deployment for one configuration; stopped whatever happens.
+    """Fresh deployment for one configuration (bench/fresh_run.py); stopped whatever happens.
 
     Returns (summary, outputs), or (StartFailure, {}) when a server of the pair does not start."""
-    deploy = dict(PRESETS[args.preset][1], transfer_backend=args.transfer_backend, env_overrides=config.env,
-                  plugin=config.plugin)
-    if args.model:
-        deploy["model"] = args.model
-    if args.page_size:
-        deploy["page_size"] = args.page_size
-    if args.decode_max_total_tokens:
-        deploy["decode_max_total_tokens"] = args.decode_max_total_tokens
-    deploy["extra_decode_args"] = tuple(args.decode_arg)
-    deploy["cpu_placement"] = args.placement
-    t0 = time.perf_counter()
-    dep = PDDeployment(DeploymentConfig(decode_radix=config.decode_radix, with_router=args.via_router,
-                                        decode_attention_backend=config.decode_attention_backend,
-                                        prefill_attention_backend=config.prefill_attention_backend, **deploy))
-    try:
-        dep.start()
-    except ServerStartError as exc:
-        print(f"[{config.name}] PD pair did not start (logs {dep.log_dir})", file=sys.stderr)
-        return StartFailure.from_servers(config.name, dep.servers, dep.log_dir, exc), {}
-    try:
-        print(f"[{config.name}] PD pair up in {time.perf_counter() - t0:.0f}s (logs {dep.log_dir})", file=sys.stderr)
+    deployment = config_deployment(config, PRESETS[args.preset][1], transfer_backend=args.transfer_backend,
+                                   model=args.model, page_size=args.page_size,
+                                   decode_max_total_tokens=args.decode_max_total_tokens,
+                                   extra_decode_args=tuple(args.decode_arg), cpu_placement=args.placement,
+                                   with_router=args.via_router)
+
+    def measure_pair(dep: PDDeployment):
         settled = []  # threads decode's moved scheduler thread started with the first request (decode-step)
         summary, outputs = measure(dep.prefill.url, dep.decodes[0].url, dep.bootstrap_port, cfg, config.name,
                                    not args.no_progress, args.slo, lambda: settled.append(dep.settle_placement()),
                                    router_url=dep.router.url if dep.router else None)
-        summary["clean_after_run"] = _clean_after_run(dep)
         summary["placement_checked"] = dict(dep.placement_checked)   # at start, then again after the run
         summary["placement_threads_settled"] = settled[0]
         summary["placement_checked_after_run"] = _placement_after_run(dep)
         return summary, outputs
-    finally:
-        dep.stop()
+
+    return run_fresh(config.name, deployment, measure_pair)
 
 
 def _placement_after_run(dep: PDDeployment) -> dict:
@@ -217,23 +192,6 @@ def _placement_after_run(dep: PDDeployment) -> dict:
         return dep.check_placement()
     except RuntimeError as exc:
         return {"error": str(exc)[:2000]}
-
-
-def _clean_after_run(dep: PDDeployment) -> dict:
-    """Whether the pair went idle and clean after the run (PDDeployment.wait_clean), not raised:
-    a leak is a finding to record beside the figures."""
-    try:
-        reports = dep.wait_clean(timeout_s=60)
-        return {"clean": True, "checked_by": {name: "sglang_pd integrity check" if "integrity" in r else
-                                              "SGLang /v1/loads + idle-check log (lock owners not checkable)"
-                                              for name, r in reports.items()}}
-    except AssertionError as exc:
-        return {"clean": False, "detail": str(exc)[:2000]}
-
-
-def machine() -> str:
-    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
-    return f"{platform.machine()} {os.cpu_count()} cores, {mem_gib:.0f} GiB, no GPU, Python {platform.python_version()}"
 
 
 def _pareto_points(args, cfg: WorkloadConfig, results: dict) -> dict[str, dict]:
@@ -274,16 +232,6 @@ def _write_pareto(args, results: dict, pareto: dict, out: Path) -> None:
     pts = [(label, r["ttft_p50_s"], r["itl_p50_ms"]) for label, r in refs + list(pareto.items())]
     plot_pareto(pts, str(out / f"bench_multiturn_{args.preset}_pareto.png"))
     print("\nPareto (TTFT p50 s, ITL p50 ms): " + "; ".join(f"{lbl}: {t:.3f}, {i:.1f}" for lbl, t, i in pts))
-
-
-def identical_outputs(outputs: dict[str, dict]) -> dict:
-    """Greedy outputs of every configuration compared with the reference (`off`, else the first run)."""
-    if not outputs:
-        return {"reference": None, "num_outputs": 0, "counts": {}}
-    ref = "off" if "off" in outputs else next(iter(outputs))
-    return {"reference": ref, "num_outputs": len(outputs[ref]),
-            "counts": {name: sum(outputs[ref][k] == out.get(k) for k in outputs[ref])
-                       for name, out in outputs.items() if name != ref}}
 
 
 def _run_all(args, cfg: WorkloadConfig) -> tuple[dict, dict, dict]:

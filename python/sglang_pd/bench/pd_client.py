@@ -83,6 +83,12 @@ class _Loop:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
 
+def run_on_client_loop(coro, timeout: float):
+    """Run `coro` on the benchmark's client loop (where every request of this module runs) from any
+    other thread; blocks the caller, returns its result (raises what it raises)."""
+    return _Loop.get().run(coro, timeout)
+
+
 async def _stream_decode(session: aiohttp.ClientSession, url: str, body: dict, start: float,
                          result: StreamResult, who: str = "decode") -> None:
     last = None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import platform
 import statistics
 from typing import Sequence
 
@@ -62,6 +64,23 @@ def summarize(records: list[RequestRecord], duration_s: float, transfer: dict | 
         "duration_s": duration_s, "per_round": per_round,
         "errors": sorted({r.result.error for r in records if not r.result.ok and not r.result.rejected})[:5],
     }
+
+
+def identical_outputs(outputs: dict[str, dict]) -> dict:
+    """Greedy outputs of every run (name -> request key -> token ids) compared with the reference run's
+    (`off`, else the first): how many of the reference's requests each run answered the same."""
+    if not outputs:
+        return {"reference": None, "num_outputs": 0, "counts": {}}
+    ref = "off" if "off" in outputs else next(iter(outputs))
+    return {"reference": ref, "num_outputs": len(outputs[ref]),
+            "counts": {name: sum(outputs[ref][k] == out.get(k) for k in outputs[ref])
+                       for name, out in outputs.items() if name != ref}}
+
+
+def machine() -> str:
+    """One line describing this box, for the report's header."""
+    mem_gib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    return f"{platform.machine()} {os.cpu_count()} cores, {mem_gib:.0f} GiB, no GPU, Python {platform.python_version()}"
 
 
 def prefill_answer_order(results) -> dict | None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import requests
 
+from sglang_pd.bench.report import local_breakdown, summarize
+from sglang_pd.bench.slo import SloTargets, slo_figures
 from sglang_pd.harness import PDDeployment
 from sglang_pd.harness.upstream_state import LatencyTotal, metric_totals, stage_latencies
 
@@ -103,3 +105,22 @@ class ServerFigures:
         if not self.plugin:
             return None
         return {k: after["transfer"][k] - before["transfer"][k] for k in after["transfer"]}
+
+    def summarize_run(self, records: list, duration_s: float, before: dict, slo: SloTargets | None = None,
+                      client_cpu_s: float | None = None) -> dict:
+        """A run's summary: the client's figures of `records` (report.summarize), what the servers added
+        since the `before` snapshot (taken now, after the run), the SLO scoring when targets are set, and
+        decode's sglang_pd state where the plugin runs (admission SLO, shared attention, the local
+        requests' breakdown, matched by the pd_client rid `pd-<room>`)."""
+        after = self.snapshot()
+        summary = summarize(records, duration_s, self.transfer(before, after))
+        summary.update(self.delta(before, after), sglang_pd=self.plugin, client_cpu_s=client_cpu_s)
+        if slo is not None and (slo.ttft_s or slo.itl_s):
+            summary.update(slo_figures([r.result for r in records], duration_s, slo))
+        decode_state = (PDDeployment.get_json(self.urls["decode"], "/sglang_pd/stats")["schedulers"][0]
+                        if self.plugin else {})
+        summary["decode_slo"] = decode_state.get("slo")
+        summary["decode_shared_attention"] = decode_state.get("shared_attention")
+        ttft_by_rid = {f"pd-{r.result.room}": r.result.ttft_s for r in records if r.result.ok}
+        summary["decode_local_prefill"] = local_breakdown(decode_state.get("local_prefill"), ttft_by_rid)
+        return summary

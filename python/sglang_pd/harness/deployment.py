@@ -26,6 +26,8 @@ TRANSFER_BACKENDS = ("mooncake_tcp", "nixl")
 # SGLang loads only the entry-point plugins SGLANG_PLUGINS names (when it is set); no plugin is called
 # "none", so this keeps sglang_pd from loading in every process: the servers run upstream alone.
 NO_PLUGINS_ENV = ("SGLANG_PLUGINS", "none")
+BOOTSTRAP_FLAG = "--disaggregation-bootstrap-port"
+NCCL_FLAG = "--nccl-port"  # the scheduler's torch.distributed rendezvous (SGLang would pick it itself)
 
 
 @dataclass(frozen=True)
@@ -85,10 +87,10 @@ def with_extra_args(args: list[str], extra: tuple[str, ...], role: str) -> list[
     return [*args, *extra]
 
 
-def router_metrics_args() -> list[str]:
+def router_metrics_args(port: int | None = None) -> list[str]:
     """sglang-router exports Prometheus on a fixed default port (29000, all interfaces): give each
-    router its own loopback port so several can run on one host."""
-    return ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+    router its own loopback port (`port`, else a free one) so several can run on one host."""
+    return ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(port or free_port())]
 
 
 def _recorded_faults(report: dict) -> dict:
@@ -114,7 +116,6 @@ class PDDeployment:
         self.config = config
         self.log_dir = Path(config.log_dir or tempfile.mkdtemp(prefix="sglang_pd-"))
         self.model_dir = ensure_model_dir(config.model)
-        self.bootstrap_port = free_port()
         self.env = server_env()
         if config.fault_injection:
             self.env[ENABLE_FAULT_INJECTION] = "1"
@@ -122,14 +123,17 @@ class PDDeployment:
         if not config.plugin:
             self.env.update([NO_PLUGINS_ENV])
         place = config.cpu_placement
-        self.prefill = self._server("prefill", self._prefill_args(), place and place.prefill)
+        bootstrap = free_port()
+        self.prefill = self._server("prefill", self._prefill_args(bootstrap), place and place.prefill,
+                                    {BOOTSTRAP_FLAG: bootstrap})
         self.decodes = [self._server(f"decode{i}", self._decode_args(), place and place.decode)
                         for i in range(config.num_decode)]
         self.plain = self._server("plain", self._plain_args(), place and place.client) if config.with_plain else None
         self._routing_cpus = place and place.client  # the router and launcher run beside the client
         self.router: ServerProcess | None = None
         self.headers = auth_headers(config.api_key)  # on every request the harness sends
-        self.port_rebinds: list[tuple[str, int, int]] = []  # (server, taken port, new port)
+        # (server, flag, taken port, new port): each port a server lost to another socket before binding it
+        self.port_rebinds: list[tuple[str, str, int, int]] = []
         self._placement = PlacementKeeper(place) if place else None
 
     # ---- argv -------------------------------------------------------------------------------------
@@ -141,11 +145,11 @@ class PDDeployment:
                 *(["--api-key", self.config.api_key] if self.config.api_key else []),
                 *cpu_server_args(attention_backend)]
 
-    def _prefill_args(self) -> list[str]:
+    def _prefill_args(self, bootstrap_port: int) -> list[str]:
         args = [*self._common_args(self.config.prefill_max_total_tokens, self.config.prefill_attention_backend),
                 "--disaggregation-mode", "prefill",
                 "--disaggregation-transfer-backend", self.config.transfer_backend,
-                "--disaggregation-bootstrap-port", str(self.bootstrap_port)]
+                BOOTSTRAP_FLAG, str(bootstrap_port)]
         return with_extra_args(args, self.config.extra_prefill_args, "prefill")
 
     def _decode_args(self) -> list[str]:
@@ -160,10 +164,22 @@ class PDDeployment:
     def _plain_args(self) -> list[str]:
         return self._common_args(self.config.decode_max_total_tokens)
 
-    def _server(self, name: str, args: list[str], cpus: frozenset[int] | None) -> ServerProcess:
-        port = free_port()
-        argv = [sys.executable, "-m", "sglang.launch_server", *args, "--port", str(port)]
-        return ServerProcess(name, argv, self.env, port, self.log_dir, cpus=cpus)
+    def _server(self, name: str, args: list[str], cpus: frozenset[int] | None,
+                ports: dict[str, int] | None = None) -> ServerProcess:
+        """An SGLang server given every port it listens on (harness/ports.py): its HTTP port, the
+        torch.distributed port its scheduler binds, and those in `ports` (already in `args`)."""
+        own = {"--port": free_port(), NCCL_FLAG: free_port()}
+        clash = sorted(set(own) & {a.split("=", 1)[0] for a in args})
+        if clash:
+            raise ValueError(f"{name}: {clash} are chosen by the harness (harness/ports.py), not passed in")
+        argv = [sys.executable, "-m", "sglang.launch_server", *args, *[str(a) for kv in own.items() for a in kv]]
+        return ServerProcess(name, argv, self.env, own["--port"], self.log_dir, cpus=cpus,
+                             other_ports={NCCL_FLAG: own[NCCL_FLAG], **(ports or {})})
+
+    @property
+    def bootstrap_port(self) -> int:
+        """Prefill's bootstrap server port (follows a rebind: see harness/ports.py)."""
+        return self.prefill.ports[BOOTSTRAP_FLAG]
 
     # ---- lifecycle --------------------------------------------------------------------------------
     @property
@@ -190,8 +206,8 @@ class PDDeployment:
         return self
 
     def _wait_rebinding(self, server: ServerProcess, deadline: float) -> None:
-        """Wait for `server`, moving it to a new port if its own was taken (recorded in `port_rebinds`)."""
-        self.port_rebinds += [(server.name, old, new) for old, new in wait_healthy_rebinding(server, deadline)]
+        """Wait for `server`, moving it to fresh ports if one of its own was taken (recorded in `port_rebinds`)."""
+        self.port_rebinds += [(server.name, *move) for move in wait_healthy_rebinding(server, deadline)]
 
     @property
     def placement_checked(self) -> dict[str, int]:
@@ -238,15 +254,16 @@ class PDDeployment:
                                        f"answered {status}; see {server.log_path}")
 
     def _start_router(self, deadline: float) -> ServerProcess:
-        port = free_port()
+        port, metrics_port = free_port(), free_port()
         argv = [sys.executable, "-m", "sglang_router.launch_router", "--pd-disaggregation",
                 "--host", "127.0.0.1", "--port", str(port),
                 "--prefill", self.prefill.url, str(self.bootstrap_port),
                 *[a for d in self.decodes for a in ("--decode", d.url)],
-                "--log-level", "warn", "--health-check-interval-secs", "2", *router_metrics_args(),
+                "--log-level", "warn", "--health-check-interval-secs", "2", *router_metrics_args(metrics_port),
                 *(["--api-key", self.config.api_key] if self.config.api_key else []), *self.config.router_args]
         return self._start_routing(ServerProcess("router", argv, self.env, port, self.log_dir,
-                                                 health_path="/readiness", cpus=self._routing_cpus), deadline)
+                                                 health_path="/readiness", cpus=self._routing_cpus,
+                                                 other_ports={"--prometheus-port": metrics_port}), deadline)
 
     def start_launcher(self, policy: str, timeout_s: float = 120) -> ServerProcess:
         """Start `python -m sglang_pd.launch_router` over this deployment (caller stops it)."""
@@ -275,7 +292,7 @@ class PDDeployment:
         workers; traffic sent then would pin conversations to the ones it knows (see launch_router)."""
         router.start()
         try:
-            router.wait_healthy(deadline)
+            self._wait_rebinding(router, deadline)
             self._apply_placement([router])
             wait_registered(router.url, [self.prefill.url, *[d.url for d in self.decodes]],
                             max(1.0, deadline - time.monotonic()), api_key=self.config.api_key)

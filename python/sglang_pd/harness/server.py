@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import os
-import random
-import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,49 +11,21 @@ from pathlib import Path
 
 import requests
 
+from sglang_pd.harness.ports import free_port, taken_flags
+
 
 class ServerStartError(RuntimeError):
     """A server exited or did not become healthy in time; the message carries its log tail."""
 
 
 class PortTakenError(ServerStartError):
-    """The server could not bind its own --port: another socket took it between `free_port()` and the
-    bind (which SGLang does only after loading the model). The deployment restarts it on a new port."""
+    """The server could not bind a port it was given (`flags`: which of its `ports`): another socket took
+    it between `free_port()` and the bind (which SGLang does seconds after it starts). The deployment
+    restarts it on fresh ports (wait_healthy_rebinding)."""
 
-
-# uvicorn's line when the HTTP port is taken (SGLang's process then stays up, without an HTTP server).
-_BIND_FAILURE = re.compile(r"error while attempting to bind on address \('[^']*', (\d+)\).*address already in use")
-_PORT_FLOOR = 20000  # below: transfer engines' own port ranges (mooncake picks ~12000-16000 here)
-
-
-def _ephemeral_low() -> int:
-    """The lowest port the kernel hands to outgoing connections (ip_local_port_range)."""
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default; other systems have no such file
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago, chosen below the kernel's ephemeral range.
-
-    SGLang binds its HTTP port only after loading the model (~25 s here). An ephemeral port (what
-    every outgoing connection gets: health polls, clients, ZMQ, transfer engines) could be taken by a
-    connection in that window and stop the server; ports below that range are never handed out so.
-    Where the range starts too low to leave room, the OS picks (bind to port 0)."""
-    low = _ephemeral_low()
-    rng = random.SystemRandom()
-    for _ in range(100 if low - _PORT_FLOOR >= 1000 else 0):
-        port = rng.randrange(_PORT_FLOOR, low)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    def __init__(self, message: str, flags: list[str]):
+        super().__init__(message)
+        self.flags = flags
 
 
 def group_pids(pgid: int) -> list[int]:
@@ -89,16 +58,24 @@ class ServerProcess:
     """
 
     def __init__(self, name: str, argv: list[str], env: dict, port: int, log_dir: Path,
-                 health_path: str = "/health", cpus: frozenset[int] | None = None):
+                 health_path: str = "/health", cpus: frozenset[int] | None = None,
+                 other_ports: dict[str, int] | None = None):
         self.name = name
         self.cpus = cpus  # CPU affinity of the process and (inherited) its children; None: the parent's
         self.argv = argv
         self.env = env
-        self.port = port
+        # flag -> port, every port this server is told to listen on; each flag other than --port is in
+        # argv followed by its port (rebind rewrites it there).
+        self.ports = {"--port": port, **(other_ports or {})}
         self.log_path = Path(log_dir) / f"{name}.log"
         self.health_path = health_path
         self.proc: subprocess.Popen | None = None
         self._log_start = 0
+
+    @property
+    def port(self) -> int:
+        """The HTTP port."""
+        return self.ports["--port"]
 
     @property
     def url(self) -> str:
@@ -124,42 +101,54 @@ class ServerProcess:
     def wait_healthy(self, deadline: float) -> None:
         """Block until GET health_path answers 200 or `deadline` (time.monotonic()) passes.
 
-        Raises PortTakenError at once if the server logs that its --port is taken, ServerStartError with
-        the log tail if the process exits or time runs out.
+        Raises PortTakenError as soon as the log says one of its ports was taken (also when the server
+        answers anyway: prefill stays healthy without its bootstrap server), ServerStartError with the
+        log tail if the process exits or time runs out.
         """
         while True:
-            if not self.is_running():
+            running = self.is_running()
+            self._raise_if_port_taken()  # read after `running`: a server that exited has written its log
+            if not running:
                 raise ServerStartError(f"{self.name} exited with {self.proc.returncode if self.proc else None}"
                                        f"; log {self.log_path}:\n{log_tail(self.log_path)}")
             try:
                 if requests.get(self.url + self.health_path, timeout=5).status_code == 200:
+                    self._raise_if_port_taken()
                     return
             except requests.RequestException:
                 pass
-            if self.port_taken():
-                raise PortTakenError(f"{self.name} could not bind its port {self.port} (taken by another "
-                                     f"socket since it was chosen); log {self.log_path}")
             if time.monotonic() > deadline:
                 raise ServerStartError(f"{self.name} not healthy in time; log {self.log_path}:\n"
                                        f"{log_tail(self.log_path)}")
             time.sleep(1.0)
 
-    def port_taken(self) -> bool:
-        """True if this run's log (since the last start) says its own --port could not be bound."""
+    def _raise_if_port_taken(self) -> None:
+        flags = self.taken_flags()
+        if flags:
+            raise PortTakenError(f"{self.name} could not bind its port(s) "
+                                 f"{', '.join(f'{f} {self.ports[f]}' for f in flags)} (taken by another socket "
+                                 f"since it was chosen); log {self.log_path}", flags)
+
+    def taken_flags(self) -> list[str]:
+        """Which of its `ports` this run's log (since the last start) says could not be bound (ports.taken_flags)."""
         if not self.log_path.exists():
-            return False
+            return []
         with open(self.log_path, "rb") as log:
             log.seek(self._log_start)
             text = log.read().decode(errors="replace")
-        return any(int(m.group(1)) == self.port for m in _BIND_FAILURE.finditer(text))
+        return taken_flags(text, self.ports)
 
-    def rebind(self, port: int) -> None:
-        """Stop this server and start it again on `port` (same argv otherwise); does not wait."""
+    def rebind(self, new_ports: dict[str, int]) -> None:
+        """Stop this server and start it again with `new_ports` (flag -> port, flags of `ports`) in its argv,
+        the rest unchanged; does not wait."""
         self.stop(grace_s=0)
         self.proc = None
-        at = self.argv.index("--port") + 1
-        self.argv = [*self.argv[:at], str(port), *self.argv[at + 1:]]
-        self.port = port
+        for flag, port in new_ports.items():
+            if flag not in self.ports:
+                raise KeyError(f"{self.name} has no port flag {flag!r} (it has {sorted(self.ports)})")
+            at = self.argv.index(flag) + 1
+            self.argv = [*self.argv[:at], str(port), *self.argv[at + 1:]]
+            self.ports[flag] = port
         self.start()
 
     def stop(self, grace_s: float = 20.0) -> bool:
@@ -203,10 +192,12 @@ class ServerProcess:
             pass
 
 
-def wait_healthy_rebinding(server: ServerProcess, deadline: float, attempts: int = 3) -> list[tuple[int, int]]:
-    """`server.wait_healthy`; if its port was taken before it could bind it, restart it on a new port
-    (at most `attempts` tries in all, each restart printed). Returns the (taken port, new port) pairs."""
-    moves: list[tuple[int, int]] = []
+def wait_healthy_rebinding(server: ServerProcess, deadline: float,
+                           attempts: int = 3) -> list[tuple[str, int, int]]:
+    """`server.wait_healthy`; if a port it was given was taken before it could bind it, restart it on
+    fresh ports for the taken ones (at most `attempts` tries in all, each restart printed). Returns the
+    (flag, taken port, new port) triples, in order."""
+    moves: list[tuple[str, int, int]] = []
     for attempt in range(1, attempts + 1):
         try:
             server.wait_healthy(deadline)
@@ -214,8 +205,8 @@ def wait_healthy_rebinding(server: ServerProcess, deadline: float, attempts: int
         except PortTakenError as exc:
             if attempt == attempts:
                 raise
-            old, new = server.port, free_port()
-            print(f"sglang_pd harness: {exc}; restarting {server.name} on port {new}", file=sys.stderr)
-            moves.append((old, new))
+            new = {flag: free_port() for flag in exc.flags}
+            print(f"sglang_pd harness: {exc}; restarting {server.name} with {new}", file=sys.stderr)
+            moves += [(flag, server.ports[flag], port) for flag, port in new.items()]
             server.rebind(new)
     return moves

@@ -89,7 +89,7 @@ def test_shared_config_selects_the_backend_on_both_pd_servers():
 
 
 def test_identical_outputs_are_counted_against_off_or_the_first_configuration():
-    from sglang_pd.bench_multiturn import identical_outputs
+    from sglang_pd.bench.report import identical_outputs
 
     outputs = {"on": {(0, 0): [1, 2], (0, 1): [3]}, "on+shared": {(0, 0): [1, 2], (0, 1): [4]}}
     assert identical_outputs(outputs) == {"reference": "on", "num_outputs": 2, "counts": {"on+shared": 1}}

@@ -106,14 +106,14 @@ def test_a_server_whose_port_was_taken_is_restarted_on_a_new_port(tmp_path):
                                dict(os.environ), taken, tmp_path)
         server.start()
         try:
-            with pytest.raises(PortTakenError, match=f"late could not bind its port {taken}"):
+            with pytest.raises(PortTakenError, match=f"late could not bind its port\\(s\\) --port {taken}"):
                 server.wait_healthy(time.monotonic() + 60)
             assert server.is_running()  # up without an HTTP server: only the log says why
             server.stop(grace_s=5)
             server.proc = None
             server.start()  # the same taken port again: wait_healthy_rebinding must move it
             moves = wait_healthy_rebinding(server, time.monotonic() + 60)
-            assert moves == [(taken, server.port)] and server.port != taken
+            assert moves == [("--port", taken, server.port)] and server.port != taken
             assert "--port" in server.argv and server.argv[server.argv.index("--port") + 1] == str(server.port)
             assert requests.get(server.url + "/health", timeout=5).status_code == 200
         finally:
