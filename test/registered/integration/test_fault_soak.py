@@ -75,7 +75,7 @@ def _local_abort(dep: PDDeployment, fault: str, prompt: list[int], stats: dict, 
         rid, room = f"soak-local-{uuid.uuid4().hex[:10]}", new_bootstrap_room()
         dep.arm_faults(dep.decodes[0], **{f"{fault}_room": room})
         pool = cf.ThreadPoolExecutor(1)
-        pending = pool.submit(dep.post_generate_pd, prompt, 64, rid=rid, room=room)
+        pending = pool.submit(dep.post_generate_pd, prompt, 64, rid=rid, room=room, logprobs=False)
         time.sleep(0.5 if fault == "local_queue_hold" else 1.0)
         _try(lambda: dep.abort(dep.decodes[0], rid))
         _try(lambda: dep.abort(dep.prefill, rid))
@@ -128,7 +128,7 @@ def _conversation(dep: PDDeployment, local: bool, conv_id: int, stats: dict, loc
             if roll < FAULT_RATE + ABORT_RATE:
                 rid = f"soak-abort-{uuid.uuid4().hex[:10]}"
                 pool = cf.ThreadPoolExecutor(1)
-                pending = pool.submit(dep.post_generate_pd, prompt, 400, rid=rid)
+                pending = pool.submit(dep.post_generate_pd, prompt, 400, rid=rid, logprobs=False)
                 time.sleep(rng.uniform(0.05, 1.5))
                 _try(lambda: dep.abort(dep.decodes[0], rid))
                 _try(lambda: dep.abort(dep.prefill, rid))
@@ -154,9 +154,11 @@ def _conversation(dep: PDDeployment, local: bool, conv_id: int, stats: dict, loc
 
 
 def _send(dep: PDDeployment, prompt: list[int], **extra):
-    """The decode half's response, or None when a server dropped the connection (the prefill crash)."""
+    """The decode half's response, or None when a server dropped the connection (the prefill crash).
+    Without logprobs, as every soak request: one asking for them never runs inside a mixed local extend,
+    a path the local runs must exercise; their outputs are compared by token."""
     try:
-        return dep.post_generate_pd(prompt, NEW_TOKENS, **extra)[1]
+        return dep.post_generate_pd(prompt, NEW_TOKENS, logprobs=False, **extra)[1]
     except requests.RequestException:
         return None
 
