@@ -13,6 +13,6 @@ T1=$SECONDS
 "$PY" -m pytest -p no:cacheprovider -q -m unit test/registered/unit --timeout 600 "$@"
 echo "== unit tier: $((SECONDS - T1))s"
 T2=$SECONDS
-"$PY" -m pytest -p no:cacheprovider -q -m integration test/registered/integration --timeout 1200 "$@"
+"$PY" -m pytest -p no:cacheprovider -q -m integration test/registered/integration --timeout 1200 --durations=40 "$@"
 echo "== integration tier: $((SECONDS - T2))s"
 echo "== total: $((SECONDS - T0))s"

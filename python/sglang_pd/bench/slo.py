@@ -6,8 +6,8 @@ SGLANG_PD_TTFT_TARGET_MS), `+shared` (attention backend sglang_pd_shared_prefix 
 torch_native on both servers: shared-prefix decode on decode, extends with only their new queries on prefill)
 and `+local` (decode-local prefill under SGLANG_PD_LOCAL_PREFILL_TOKENS), e.g.
 `off,on,on+itl+reject,on+shared,on+local+shared`; or `on-upstream`: upstream's
-`--disaggregation-decode-enable-radix-cache` with the sglang_pd plugin not loaded (no +features: they
-are the plugin's). A request meets the SLO when it
+`--disaggregation-decode-enable-radix-cache` with the sglang_pd plugin not loaded, and `off-upstream`: the
+same pair with the flag off (no +features: they are the plugin's). A request meets the SLO when it
 completed, its TTFT <= the TTFT target and its mean inter-token gap (TPOT) <= the ITL target; a
 refused request (503) never does. Goodput = requests meeting the SLO per second of the run.
 """
@@ -23,7 +23,7 @@ from sglang_pd.config import ITL_TARGET_MS as ITL_ENV, LOCAL_PREFILL_TOKENS as L
 _FEATURES = ("itl", "reject", "shared", "local")
 SHARED_BACKEND = "sglang_pd_shared_prefix"  # srt/hooks/attention_backend.BACKEND_NAME (a unit test ties them)
 # base name -> (decode radix cache on, sglang_pd plugin loaded)
-_BASES = {"off": (False, True), "on": (True, True), "on-upstream": (True, False)}
+_BASES = {"off": (False, True), "on": (True, True), "on-upstream": (True, False), "off-upstream": (False, False)}
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def parse_configs(text: str, itl_target_ms: float | None, ttft_target_ms: float 
     for name in [n.strip() for n in text.split(",") if n.strip()]:
         base, *features = name.split("+")
         if base not in _BASES or any(f not in _FEATURES for f in features):
-            raise ValueError(f"unknown configuration {name!r}: use off|on|on-upstream, then optional +itl, "
+            raise ValueError(f"unknown configuration {name!r}: use off|on|on-upstream|off-upstream, then optional +itl, "
                              "+reject, +shared, +local")
         decode_radix, plugin = _BASES[base]
         if features and not plugin:

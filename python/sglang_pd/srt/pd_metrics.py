@@ -97,6 +97,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "early_rejected_requests_total": ("counter", "requests refused at the door for a predicted TTFT over target"),
     "early_rejection_probes_total": ("counter", "requests let through as probes while the TTFT predictor said refuse"),
     "early_rejection_declines_total": ("counter", "refused requests whose prefill half decode declined (answered at once)"),
+    "early_rejection_nothing_ahead_total": ("counter", "requests let through although over target: nothing was ahead of them (a refusal cannot shorten their own prefill)"),
     "early_rejection_unrefusable_total": ("counter", "requests let through although over target: their prefill is not known yet, so could not be told"),
     # Hostile peers (srt/disaggregation/handshake_gate.py, peer_auth.py, thread_watch.py)
     "handshake_messages_rejected_total": ("counter", "PD handshake messages / bootstrap requests dropped as malformed "

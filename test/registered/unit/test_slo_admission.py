@@ -213,15 +213,32 @@ def test_a_refusing_predictor_relearns_from_probes():
         ctl.on_entry(f"b{i}", now, i % 4, 32)
         ctl.on_admitted([f"b{i}"], now + 4.0)
         now += 0.1
-    assert ctl.on_entry("x", now, 0, 32).reject  # biased: even an empty queue looks like 4 s
+    assert ctl.on_entry("x", now, 1, 32).reject  # biased: one request ahead looks like 4 s
     served = 0
     for i in range(60):  # calm now: a request admitted 0.2 s after it arrives, when let through
         now += 1.0
-        if not ctl.on_entry(f"c{i}", now, 0, 32).reject:
+        if not ctl.on_entry(f"c{i}", now, 1, 32).reject:
             ctl.on_admitted([f"c{i}"], now + 0.2)
             served += 1
-    assert ctl.ttft.predict(0, 32) == pytest.approx(0.2, abs=0.1)
-    assert not ctl.on_entry("y", now + 0.5, 0, 32).reject and served > 30
+    assert ctl.ttft.predict(1, 32) == pytest.approx(0.2, abs=0.1)
+    assert not ctl.on_entry("y", now + 0.5, 1, 32).reject and served > 30
+
+
+def test_nothing_ahead_is_never_refused_even_by_a_biased_fit():
+    """A burst taught the fit that every wait is 4 s; an idle decode still serves the next request (no
+    refusal can shorten its own prefill), counted apart; one with a request ahead is refused."""
+    counters = PDCounters()
+    ctl = SloController(None, 1.0, counters)
+    for i in range(16):
+        ctl.on_entry(f"b{i}", i * 0.1, i % 4, 800)
+        ctl.on_admitted([f"b{i}"], i * 0.1 + 4.0)
+    assert ctl.ttft.predict(0, 64) > 1.0  # the fit says refuse
+    before = counters.values.get("early_rejection_nothing_ahead_total", 0)
+    decisions = [ctl.on_entry(f"idle{i}", 5.6 + i * 0.01, 0, 64) for i in range(5)]
+    assert not any(d.reject for d in decisions)
+    assert counters.values["early_rejection_nothing_ahead_total"] - before == 5
+    assert counters.values.get("early_rejection_probes_total", 0) == 0  # no probe was spent on them
+    assert ctl.on_entry("queued", 5.7, 3, 64).reject  # within the probe interval of the last lesson
 
 
 def test_controller_without_targets_limits_and_refuses_nothing():

@@ -9,7 +9,9 @@ the batch; requests that never do (aborted, rejected) simply age out of the boun
 A predictor that refuses learns nothing from the refused, so a stale or biased fit (e.g. learnt in a
 start-up burst whose wait sat in prefill's queue, invisible here) could refuse everything forever.
 Two guards keep it honest: a short, fast-decaying window (the fit follows the latest admissions),
-and a probe: when nothing was learnt for `PROBE_INTERVAL_S`, the next request is let through.
+and a probe: when nothing was learnt for `PROBE_INTERVAL_S`, the next request is let through. And
+`SloController.on_entry` never refuses a request with nothing ahead of it: its wait is its own prefill
+and transfer, which refusing cannot shorten.
 
 `decide_rejection` turns a prediction into a refusal with a message naming predicted vs target
 TTFT and `retry_after_s=<n>`, which the HTTP process copies into a `Retry-After` header.

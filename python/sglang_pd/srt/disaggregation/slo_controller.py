@@ -73,6 +73,11 @@ class SloController:
         if decision.reject and not refusable:
             self.counters.add("early_rejection_unrefusable_total")
             decision = decide_rejection(None, self.ttft_target_s)
+        if decision.reject and num_ahead == 0:
+            # Nothing ahead of it: its wait is its own prefill and transfer, which refusing cannot shorten
+            # and a retry would meet again. An idle decode serves (a fit biased by a burst said refuse).
+            self.counters.add("early_rejection_nothing_ahead_total")
+            decision = decide_rejection(None, self.ttft_target_s)
         if decision.reject and self.ttft.take_probe(now_s):
             self.counters.add("early_rejection_probes_total")  # refused ones teach nothing: keep learning
             decision = decide_rejection(None, self.ttft_target_s)
