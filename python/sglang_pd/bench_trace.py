@@ -43,7 +43,8 @@ from sglang_pd.bench.start_failure import StartFailure
 from sglang_pd.bench.trace import TraceScaling, parse_window, read_trace, scale, scaled_stats, select, trace_stats
 from sglang_pd.bench.trace_replay import measure_replay
 from sglang_pd.bench.trace_report import (BASELINES, format_ratios, format_runs, format_spread, format_trace,
-                                          medians, numeric_keys, plot_cdfs, ratios, spread)
+                                          format_round_verdicts, medians, numeric_keys, plot_cdfs, ratios,
+                                          round_verdicts, spread)
 
 DEFAULT_CONFIGS = "off,on-upstream,on,on+shared,on+local,on+shared+local"
 DEPLOYMENT = dict(model="capacity", page_size=16, decode_max_total_tokens=16384, prefill_max_total_tokens=32768,
@@ -135,8 +136,10 @@ def run_all(args, scaled) -> tuple[dict, dict, dict, dict]:
     """(runs: name -> summaries, outputs: run label -> outputs, start failures: name -> [StartFailure],
     SLA results: name -> search) over every configuration and repeat."""
     runs, outputs, failures, sla = {}, {}, {}, {}
-    for config in args.configs:
-        for repeat in range(args.repeats):
+    # Rounds: every configuration once, then again. A box that drifts (another tenant, thermal) then
+    # moves every configuration's spread alike instead of biasing the configurations run last.
+    for repeat in range(args.repeats):
+        for config in args.configs:
             result, outs = _run_one(config, args, scaled, sla, first=config.name not in runs)
             if isinstance(result, StartFailure):
                 failures.setdefault(config.name, []).append(result)
@@ -155,6 +158,7 @@ def build_report(args, trace: dict, runs: dict, outputs: dict, failures: dict, s
             "configs": [dataclasses.asdict(c) for c in args.configs], "runs": runs,
             "spread": {name: spread(rs, numeric_keys(rs[0])) for name, rs in runs.items()},
             "ratios": {base: ratios(figures, base) for base in BASELINES},
+            "rounds_vs_off": round_verdicts(runs),
             "identical_outputs": identical_outputs(outputs),
             "sla_search": {"target_ttft_p95_ms": args.sla_ttft_p95_ms, "by_config": sla} if args.sla_search else None,
             "port_rebinds": {name: [m for r in rs for m in r["port_rebinds"]] for name, rs in runs.items()},
@@ -171,6 +175,9 @@ def print_report(report: dict, runs: dict, failures: dict) -> None:
     for base in BASELINES:
         if report["ratios"][base]:
             print(f"\nratio to {base} (medians; below 1 = smaller):\n{format_ratios(report['ratios'][base], base)}")
+    if report["repeats"] > 1 and report["rounds_vs_off"]:
+        print(f"\nround by round against off (each round runs every configuration once):\n"
+              f"{format_round_verdicts(report['rounds_vs_off'])}")
     print(f"\nevery figure (medians over repeats):\n{format_table(medians(runs))}\n")
     identical = report["identical_outputs"]
     for name, count in identical["counts"].items():

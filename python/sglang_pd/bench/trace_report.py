@@ -151,3 +151,62 @@ def format_trace(stats: dict, scaled: dict, scaling: dict, slice_text: str, spee
             f"{scaled['input_p50']:.0f} (max {scaled['input_max']}), output p50 {scaled['output_p50']:.0f}, "
             f"{scaled['input_tokens']} prompt tokens, {scaled['distinct_block_tokens']} distinct block tokens; "
             f"speedup {speedup:g}x")
+
+
+# The figures issue 42's gate holds a configuration to against `off`, round by round (lower is better).
+GATE_KEYS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "itl_p50_ms", "itl_p90_ms")
+
+
+def round_verdicts(runs: dict[str, list[dict]], baseline: str = "off",
+                   keys: tuple[str, ...] = GATE_KEYS) -> dict[str, list[dict]]:
+    """Per configuration other than `baseline`, per round (the i-th run of each; bench_trace runs every
+    configuration once per round), its ratio to the baseline's run of the same round for each of `keys`
+    and whether it was no worse on all of them (ratio <= 1). Rounds one of the two lacks (a start
+    failure) are left out. Empty without the baseline. Pure."""
+    if baseline not in runs:
+        return {}
+    out = {}
+    for name, rs in runs.items():
+        if name == baseline:
+            continue
+        rows = []
+        for number, (run, base) in enumerate(zip(rs, runs[baseline]), start=1):
+            ratio = {k: run[k] / base[k] for k in keys if run.get(k) is not None and base.get(k)}
+            rows.append({"round": number, "ratios": ratio,
+                         "no_worse": len(ratio) == len(keys) and all(r <= 1.0 for r in ratio.values())})
+        out[name] = rows
+    return out
+
+
+def format_round_verdicts(verdicts: dict[str, list[dict]], baseline: str = "off") -> str:
+    """Markdown: each configuration's per-round ratios to `baseline` and how many rounds were no worse."""
+    if not verdicts:
+        return ""
+    labels = {key: label for key, label, _ in FIGURES}
+    lines = [f"| configuration / {baseline}, same round | round | " + " | ".join(labels[k] for k in GATE_KEYS)
+             + " | no worse on all |", "|" + "---|" * (len(GATE_KEYS) + 3)]
+    for name, rows in verdicts.items():
+        for row in rows:
+            cells = [f"{row['ratios'][k]:.2f}x" if k in row["ratios"] else "n/a" for k in GATE_KEYS]
+            lines.append(f"| {name} | {row['round']} | " + " | ".join(cells) + f" | {'yes' if row['no_worse'] else 'no'} |")
+        lines.append(f"| {name} | all | " + " | ".join("" for _ in GATE_KEYS)
+                     + f" | {sum(r['no_worse'] for r in rows)} of {len(rows)} |")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    """`python -m sglang_pd.bench.trace_report bench_trace.json`: the round-by-round table of a stored run."""
+    import argparse
+    import json
+
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("json", help="a bench_trace.json")
+    args = p.parse_args(argv)
+    with open(args.json) as f:
+        runs = json.load(f)["runs"]
+    print(format_round_verdicts(round_verdicts(runs)))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -12,7 +12,8 @@ from sglang_pd.bench.trace import (TraceFormatError, TraceRequest, TraceScaling,
                                    read_trace, scale, scaled_input_len, select, trace_stats)
 from sglang_pd.bench.trace_gen import TraceShape, generate, write_trace
 from sglang_pd.bench.trace_replay import offered_rps, ttft_quantile
-from sglang_pd.bench.trace_report import format_ratios, format_runs, format_spread, medians, ratios, spread
+from sglang_pd.bench.trace_report import (GATE_KEYS, format_ratios, format_round_verdicts, format_runs, format_spread,
+                                          medians, ratios, round_verdicts, spread)
 from sglang_pd.bench_trace import parse_args
 
 pytestmark = pytest.mark.unit
@@ -215,3 +216,32 @@ def test_token_ids_are_pinned_across_processes():
     """random.Random(str) seeds from the string's SHA-512, not from Python's per-process hash(): the same
     trace gives the same prompts in every run (checked with PYTHONHASHSEED 0 and 123 when pinned)."""
     assert block_token_ids(0, 0, 4) == [178, 249, 357, 202] and block_token_ids(3, 17, 4) == [357, 434, 280, 391]
+
+
+def _gate_run(scale: float, **over) -> dict:
+    run = {"ttft_p50_s": 1.0 * scale, "ttft_p90_s": 2.0 * scale, "ttft_p99_s": 3.0 * scale,
+           "itl_p50_ms": 40.0 * scale, "itl_p90_ms": 80.0 * scale}
+    run.update(over)
+    return run
+
+
+def test_round_verdicts_pair_each_round_with_offs_run_of_that_round():
+    runs = {"off": [_gate_run(1.0), _gate_run(2.0), _gate_run(1.0)],
+            "rec": [_gate_run(0.9), _gate_run(1.5), _gate_run(0.9, ttft_p99_s=3.3)],
+            "on-upstream": [_gate_run(1.0), _gate_run(3.0)]}  # a start failure: one round fewer
+    verdicts = round_verdicts(runs)
+    assert set(verdicts) == {"rec", "on-upstream"}
+    rec = verdicts["rec"]
+    assert [r["no_worse"] for r in rec] == [True, True, False]  # round 2: 1.5 against off's 2.0, not 1.0
+    assert rec[1]["ratios"]["ttft_p50_s"] == pytest.approx(0.75)
+    assert rec[2]["ratios"]["ttft_p99_s"] == pytest.approx(1.1)
+    assert [r["no_worse"] for r in verdicts["on-upstream"]] == [True, False]  # equal counts as no worse
+    table = format_round_verdicts(verdicts)
+    assert "| rec | all |" in table and "2 of 3" in table and "1 of 2" in table
+    assert round_verdicts({"rec": runs["rec"]}) == {}
+
+
+def test_round_verdicts_do_not_pass_a_run_missing_a_gate_figure():
+    runs = {"off": [_gate_run(1.0)], "rec": [{k: v for k, v in _gate_run(0.5).items() if k != "itl_p90_ms"}]}
+    row = round_verdicts(runs)["rec"][0]
+    assert set(row["ratios"]) == set(GATE_KEYS) - {"itl_p90_ms"} and not row["no_worse"]
