@@ -157,11 +157,10 @@ def format_trace(stats: dict, scaled: dict, scaling: dict, slice_text: str, spee
 GATE_KEYS = ("ttft_p50_s", "ttft_p90_s", "ttft_p99_s", "itl_p50_ms", "itl_p90_ms")
 
 
-def round_verdicts(runs: dict[str, list[dict]], baseline: str = "off",
-                   keys: tuple[str, ...] = GATE_KEYS) -> dict[str, list[dict]]:
+def round_verdicts(runs: dict[str, list[dict]], baseline: str = "off") -> dict[str, list[dict]]:
     """Per configuration other than `baseline`, per round (the i-th run of each; bench_trace runs every
-    configuration once per round), its ratio to the baseline's run of the same round for each of `keys`
-    and whether it was no worse on all of them (ratio <= 1). Rounds one of the two lacks (a start
+    configuration once per round), its ratio to the baseline's run of the same round for each of
+    GATE_KEYS and whether it was no worse on all of them (ratio <= 1). Rounds one of the two lacks (a start
     failure) are left out. Empty without the baseline. Pure."""
     if baseline not in runs:
         return {}
@@ -171,9 +170,9 @@ def round_verdicts(runs: dict[str, list[dict]], baseline: str = "off",
             continue
         rows = []
         for number, (run, base) in enumerate(zip(rs, runs[baseline]), start=1):
-            ratio = {k: run[k] / base[k] for k in keys if run.get(k) is not None and base.get(k)}
+            ratio = {k: run[k] / base[k] for k in GATE_KEYS if run.get(k) is not None and base.get(k)}
             rows.append({"round": number, "ratios": ratio,
-                         "no_worse": len(ratio) == len(keys) and all(r <= 1.0 for r in ratio.values())})
+                         "no_worse": len(ratio) == len(GATE_KEYS) and all(r <= 1.0 for r in ratio.values())})
         out[name] = rows
     return out
 

@@ -1,21 +1,19 @@
 """Issue 42 probe: inclusive sample share per frame of py-spy raw (collapsed) profiles.
 usage: python3 scripts/probes/trace/agg.py A.raw [B.raw ...]"""
-import sys, collections, re
+import sys, collections
 def load(f):
-    incl=collections.Counter(); selfc=collections.Counter(); total=0
+    incl=collections.Counter(); total=0
     for line in open(f):
         stack, _, n = line.rstrip().rpartition(' ')
         n=int(n); total+=n
         frames=stack.split(';')
         seen=set()
         for fr in frames:
-            key=re.sub(r' \(.*?:\d+\)', lambda m: ' ('+m.group(0).split('/')[-1], fr)
             key=fr.split(' (')[0]+' ('+fr.split('/')[-1] if '/' in fr else fr
             if key not in seen: incl[key]+=n; seen.add(key)
-        selfc[frames[-1].split(' (')[0]+' '+frames[-1].split('/')[-1]]+=n
-    return incl, selfc, total
+    return incl, total
 for f in sys.argv[1:]:
-    incl, selfc, total = load(f)
+    incl, total = load(f)
     print('==', f, total)
     for k,v in incl.most_common(60):
         if 'sglang_pd' in k or 'event_loop' in k or 'forward' in k or 'idle' in k.lower() or 'sleep' in k:
