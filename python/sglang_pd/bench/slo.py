@@ -3,7 +3,8 @@
 A configuration name is `off` or `on` (decode radix cache, sglang_pd active) optionally followed by
 `+itl` (decode admission under SGLANG_PD_ITL_TARGET_MS), `+reject` (early rejection under
 SGLANG_PD_TTFT_TARGET_MS), `+shared` (attention backend sglang_pd_shared_prefix instead of
-torch_native on both servers: shared-prefix decode on decode, extends with only their new queries on prefill)
+torch_native on both servers: shared-prefix decode on decode, extends with only their new queries on prefill),
+`+shared-decode` (that backend on decode only, prefill keeps torch_native)
 and `+local` (decode-local prefill under SGLANG_PD_LOCAL_PREFILL_TOKENS), e.g.
 `off,on,on+itl+reject,on+shared,on+local+shared`; or `on-upstream`: upstream's
 `--disaggregation-decode-enable-radix-cache` with the sglang_pd plugin not loaded, and `off-upstream`: the
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from sglang_pd.bench.report import pyplot
 from sglang_pd.config import ITL_TARGET_MS as ITL_ENV, LOCAL_PREFILL_TOKENS as LOCAL_ENV, TTFT_TARGET_MS as TTFT_ENV
 
-_FEATURES = ("itl", "reject", "shared", "local")
+_FEATURES = ("itl", "reject", "shared", "shared-decode", "local")
 SHARED_BACKEND = "sglang_pd_shared_prefix"  # srt/hooks/attention_backend.BACKEND_NAME (a unit test ties them)
 # base name -> (decode radix cache on, sglang_pd plugin loaded)
 _BASES = {"off": (False, True), "on": (True, True), "on-upstream": (True, False), "off-upstream": (False, False)}
@@ -60,7 +61,7 @@ def parse_configs(text: str, itl_target_ms: float | None, ttft_target_ms: float 
         base, *features = name.split("+")
         if base not in _BASES or any(f not in _FEATURES for f in features):
             raise ValueError(f"unknown configuration {name!r}: use off|on|on-upstream|off-upstream, then optional +itl, "
-                             "+reject, +shared, +local")
+                             "+reject, +shared, +shared-decode, +local")
         decode_radix, plugin = _BASES[base]
         if features and not plugin:
             raise ValueError(f"configuration {name!r}: +itl, +reject, +shared and +local are sglang_pd "
@@ -79,9 +80,13 @@ def parse_configs(text: str, itl_target_ms: float | None, ttft_target_ms: float 
                 raise ValueError(f"configuration {name!r} needs the decode radix cache (on) and "
                                  "--local-prefill-tokens > 0")
             env.append((LOCAL_ENV, str(local_prefill_tokens)))
-        backend = SHARED_BACKEND if "shared" in features else "torch_native"
+        if "shared" in features and "shared-decode" in features:
+            raise ValueError(f"configuration {name!r}: +shared already puts the backend on decode; "
+                             "use +shared or +shared-decode")
+        decode_backend = SHARED_BACKEND if {"shared", "shared-decode"} & set(features) else "torch_native"
+        prefill_backend = SHARED_BACKEND if "shared" in features else "torch_native"
         configs.append(BenchConfig(name, decode_radix, tuple(env), plugin=plugin,
-                                   decode_attention_backend=backend, prefill_attention_backend=backend))
+                                   decode_attention_backend=decode_backend, prefill_attention_backend=prefill_backend))
     if not configs:
         raise ValueError("no configuration given")
     return configs

@@ -11,7 +11,7 @@ from starlette.testclient import TestClient
 from sglang_pd.bench.multiturn_workload import MAX_ATTEMPTS, WorkloadConfig, run_workload
 from sglang_pd.bench.pd_client import StreamResult
 from sglang_pd.bench.report import format_table, summarize
-from sglang_pd.bench.slo import SloTargets, meets_slo, parse_configs, slo_figures
+from sglang_pd.bench.slo import SHARED_BACKEND, SloTargets, meets_slo, parse_configs, slo_figures
 from sglang_pd.srt.disaggregation.early_rejection import decide_rejection
 from sglang_pd.srt.disaggregation.retry_after import RetryAfterMiddleware
 
@@ -27,6 +27,16 @@ def test_configs_parse_with_their_settings_and_bad_ones_are_named():
         parse_configs("on+reject", 40, None)
     with pytest.raises(ValueError, match=re.escape("unknown configuration 'on+fast'")):
         parse_configs("on+fast", 40, None)
+
+
+def test_shared_puts_the_backend_on_both_servers_and_shared_decode_on_decode_only():
+    both, decode_only, plain = parse_configs("on+shared,on+shared-decode,on", None, None)
+    assert (both.decode_attention_backend, both.prefill_attention_backend) == (SHARED_BACKEND, SHARED_BACKEND)
+    assert (decode_only.decode_attention_backend, decode_only.prefill_attention_backend) == (SHARED_BACKEND,
+                                                                                            "torch_native")
+    assert (plain.decode_attention_backend, plain.prefill_attention_backend) == ("torch_native", "torch_native")
+    with pytest.raises(ValueError, match="use \\+shared or \\+shared-decode"):
+        parse_configs("on+shared+shared-decode", None, None)
 
 
 def _result(ttft, gaps, ok=True, rejected=False):
