@@ -26,10 +26,10 @@ import zmq
 
 from sglang_pd.config import Settings
 from sglang_pd.harness.hostile_peer import PeerIdentity, Templates
-from sglang_pd.srt.disaggregation.guarded_socket import GuardedSocket, SigningSocket
-from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits, Side, check_message
-from sglang_pd.srt.disaggregation.handshake_gate import HandshakeGate, PeerRecord, PeerRemoval
-from sglang_pd.srt.disaggregation.peer_auth import PeerAuth
+from sglang_pd.srt.handshake.sockets import GuardedSocket, SigningSocket
+from sglang_pd.srt.handshake.frames import FrameLimits, Side, check_message
+from sglang_pd.srt.handshake.gate import HandshakeGate, PeerRecord, PeerRemoval
+from sglang_pd.srt.auth.peer_auth import PeerAuth
 from sglang_pd.srt.state import ProcessKind, build_state, current, install, installed
 
 PEER = PeerIdentity("127.0.0.1", 40001, "127.0.0.1:16001")

@@ -102,7 +102,7 @@ def _folder(value: str) -> Path:
 
 def _secret_file(value: str) -> Path:
     """A readable file of keys of >= 32 characters; the message names the path, never the content."""
-    from sglang_pd.srt.disaggregation.peer_auth import SecretFileError, read_keys
+    from sglang_pd.srt.auth.peer_auth import SecretFileError, read_keys
 
     try:
         read_keys(value)
@@ -136,7 +136,7 @@ SETTINGS: tuple[Setting, ...] = (
             " eviction", _flag),
     Setting(MODEL_DIR, "model_dir", None,
             "where built-in model folders are written (default ~/.cache/sglang_pd/models)", _folder),
-    # SLO-aware decode admission (srt/disaggregation/slo_controller.py); unset = upstream behaviour.
+    # SLO-aware decode admission (srt/slo/controller.py); unset = upstream behaviour.
     Setting(ITL_TARGET_MS, "itl_target_s", None,
             "decode: target inter-token latency (ms); waiting requests join the running batch only while "
             "the learned step time stays within it (an empty batch always takes one)",
@@ -144,7 +144,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(TTFT_TARGET_MS, "ttft_target_s", None,
             "decode: refuse a new request at once (HTTP 503 + Retry-After) when its predicted time to "
             "first token exceeds this many ms", _positive("milliseconds", 1e-3)),
-    # Decode-local prefill (srt/disaggregation/local_prefill.py); 0 = off = every request goes to prefill.
+    # Decode-local prefill (srt/local_prefill/queue.py); 0 = off = every request goes to prefill.
     Setting(LOCAL_PREFILL_TOKENS, "local_prefill_tokens", "0",
             "decode: when at most this many prompt tokens are missing from the decode radix tree, decode "
             "computes them itself and tells prefill to drop the request (0 = off)", _count(0)),
@@ -154,7 +154,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(MOONCAKE_MAX_BATCH_DESCRIPTORS, "mooncake_max_batch_descriptors", "512",
             "mooncake: a transfer batch with more descriptors is sent as consecutive batches of at most this "
             "many (its TCP transport refuses a batch over its per-peer queue limit: ~2,048 here)", _whole),
-    # Hostile peers (srt/disaggregation/peer_auth.py, handshake_gate.py); README "Security model".
+    # Hostile peers (srt/auth/peer_auth.py, handshake_gate.py); README "Security model".
     Setting(PEER_SECRET_FILE, "peer_secret_file", None,
             "path of a file holding the PD deployment's shared secret (one key per line, >= 32 characters; the "
             "first signs, all verify: rotation). Every handshake message and bootstrap request is then "
@@ -172,22 +172,22 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(UNCLAIMED_ROOM_TTL_S, "unclaimed_room_ttl_s", "120",
             "prefill: seconds a room's transfer infos are kept while no local request claims the room",
             _positive("seconds")),
-    # PD schedulers waiting on transfers (srt/disaggregation/idle_wait.py).
+    # PD schedulers waiting on transfers (srt/threads/idle_wait.py).
     Setting(IDLE_WAIT_US, "idle_wait_us", "500",
             "prefill and decode: microseconds a scheduler with transfers or handshakes in flight and nothing to "
             "run sleeps before it looks again (upstream spins a core on sleep(0); 0 keeps that)",
             _bounded_count(0, 100_000, "microseconds")),
-    # Prefill's transfer workers below the schedulers (srt/disaggregation/worker_priority.py).
+    # Prefill's transfer workers below the schedulers (srt/threads/worker_priority.py).
     Setting(TRANSFER_WORKER_NICE, "transfer_worker_nice", "19",
             "prefill: Linux nice value of mooncake's KV transfer worker threads, which spin while their transfer "
             "runs (batch_transfer_sync polls without sleeping); 0 leaves them at the process's priority (upstream)",
             _bounded_count(0, 19, "nice levels")),
-    # Helper threads without wake-up preemption (srt/disaggregation/helper_threads.py).
+    # Helper threads without wake-up preemption (srt/threads/helper_threads.py).
     Setting(HELPER_THREADS_BATCH, "helper_threads_batch", "0",
             "prefill and decode: 1 runs every thread of the HTTP and detokenizer processes and the scheduler's "
             "Python and ZMQ helper threads at Linux SCHED_BATCH (no wake-up preemption), the scheduler thread at "
             "SCHED_OTHER; 0 (default) leaves every thread as upstream starts it", _flag),
-    # Hostile requests (srt/disaggregation/prompt_guard.py).
+    # Hostile requests (srt/http/request_checks.py).
     Setting(MAX_PARALLEL_SAMPLES, "max_parallel_samples", "128",
             "every server: a request whose sampling_params.n (parallel samples) exceeds this, or with n above 1 "
             "asks for more copies than this of all its prompts together, is refused with HTTP 400 before SGLang "

@@ -11,7 +11,7 @@ import requests
 from sglang_pd.harness import PDDeployment
 from sglang_pd.harness.equality import assert_differs, assert_same
 from sglang_pd.models import VOCAB_SIZE
-from sglang_pd.srt.mem_cache.common import kv_to_page_num, page_align_floor
+from sglang_pd.srt.mem_cache.page_math import kv_to_page_num, page_align_floor
 
 pytestmark = pytest.mark.integration
 

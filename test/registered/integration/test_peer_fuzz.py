@@ -20,9 +20,9 @@ from sglang_pd.harness.deployment import new_bootstrap_room
 from sglang_pd.harness.hostile_peer import (PeerIdentity, PeerSocket, Templates, assert_threads_alive,
                                             handshake_view, mutate, random_frames, rank_endpoint, wait_received)
 from sglang_pd.models import VOCAB_SIZE
-from sglang_pd.srt.disaggregation.handshake_gate import MAX_MESSAGE_FRAMES
-from sglang_pd.srt.disaggregation.peer_auth import TRAILER_FRAMES, PeerAuth
-from sglang_pd.srt.disaggregation.room_decline import DeclineNotice, decline_frames
+from sglang_pd.srt.handshake.gate import MAX_MESSAGE_FRAMES
+from sglang_pd.srt.auth.peer_auth import TRAILER_FRAMES, PeerAuth
+from sglang_pd.srt.handshake.room_decline import DeclineNotice, decline_frames
 
 pytestmark = pytest.mark.integration
 

@@ -8,8 +8,8 @@ import pytest
 
 from conftest import POOL_TOKENS, make_req
 from sglang_pd.srt.state import current
-from sglang_pd.srt.disaggregation.admission_round import AdmissionRound, PoolSizer
-from sglang_pd.srt.mem_cache.common import kv_to_page_num
+from sglang_pd.srt.admission.round import AdmissionRound, PoolSizer
+from sglang_pd.srt.mem_cache.page_math import kv_to_page_num
 from sglang_pd.srt.mem_cache.lock_ledger import LockState
 
 pytestmark = pytest.mark.unit

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from sglang_pd.harness.hostile_peer import MUTATIONS, PeerIdentity, Templates, mutate, random_frames
-from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits, MessageKind, Side, check_message
+from sglang_pd.srt.handshake.frames import FrameLimits, MessageKind, Side, check_message
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,7 @@ and the hook hands everything it does not serve to upstream's path."""
 import pytest
 import torch
 
-from sglang_pd.srt.disaggregation.local_extend_attention import MixedRows, offset_causal_extend, offset_causal_mask
+from sglang_pd.srt.attention.local_extend import MixedRows, offset_causal_extend, offset_causal_mask
 
 pytestmark = pytest.mark.unit
 
@@ -86,7 +86,7 @@ def test_lengths_that_do_not_add_up_are_refused():
     ("decode", 64, dict(causal=False), False),                          # encoder-only attention: upstream
 ])
 def test_hook_serves_only_decode_local_causal_extends(pd_state, role, threshold, kwargs, ours):
-    from sglang_pd.srt.disaggregation.local_prefill import LocalPrefill
+    from sglang_pd.srt.local_prefill.queue import LocalPrefill
     from sglang_pd.srt.hooks.attention_backend import around_run_sdpa_forward_extend
 
     pd_state.local_prefill = LocalPrefill(threshold, 256, pd_state.counters)

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import make_req
-from sglang_pd.srt.disaggregation.local_prefill import LocalPrefill, LocalState
+from sglang_pd.srt.local_prefill.queue import LocalPrefill, LocalState
 from test_local_prefill import _decide_and_queue, sglang_context, world  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.unit

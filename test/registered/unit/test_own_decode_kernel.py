@@ -13,8 +13,8 @@ import sys
 import pytest
 import torch
 
-from sglang_pd.srt.disaggregation.attention_partials import merge
-from sglang_pd.srt.disaggregation.own_decode_kernel import OwnDecodeKernel, OwnSlots, own_slots
+from sglang_pd.srt.attention.partials import merge
+from sglang_pd.srt.attention.own_decode_kernel import OwnDecodeKernel, OwnSlots, own_slots
 
 pytestmark = pytest.mark.unit
 
@@ -102,7 +102,7 @@ def _in_fresh_interpreter(code: str, **env: str) -> subprocess.CompletedProcess:
 
 @pytest.mark.parametrize("compiler, problem", [("/nonexistent/cc", "could not compile"), ("false", "failed")])
 def test_without_a_working_compiler_the_backend_refuses_to_start(compiler, problem):
-    code = ("from sglang_pd.srt.disaggregation.own_decode_kernel import build_problem, OwnDecodeKernel, KernelBuildError\n"
+    code = ("from sglang_pd.srt.attention.own_decode_kernel import build_problem, OwnDecodeKernel, KernelBuildError\n"
             "print('PROBLEM', build_problem())\n"
             "try:\n    OwnDecodeKernel()\nexcept KernelBuildError as exc:\n    print('RAISED', type(exc).__name__)\n")
     done = _in_fresh_interpreter(code, CC=compiler)
@@ -115,7 +115,7 @@ def test_the_kernel_builds_here_with_the_native_flag():
     info = OwnDecodeKernel().describe()
     assert info["source"] == "own_decode.c" and "-O3" in info["flags"]
     assert "-march=native" in info["flags"] and info["native_refused"] == ""
-    done = _in_fresh_interpreter("from sglang_pd.srt.disaggregation import own_decode_kernel as k; k.main()")
+    done = _in_fresh_interpreter("from sglang_pd.srt.attention import own_decode_kernel as k; k.main()")
     assert done.returncode == 0 and "'compiler'" in done.stdout, done.stderr
 
 
@@ -129,7 +129,7 @@ def _wrapper(folder, name: str, body: str) -> str:
 
 _CHECK_IN_FRESH = (
     "import torch\n"
-    "from sglang_pd.srt.disaggregation.own_decode_kernel import OwnDecodeKernel, OwnSlots, KernelBuildError\n"
+    "from sglang_pd.srt.attention.own_decode_kernel import OwnDecodeKernel, OwnSlots, KernelBuildError\n"
     "try:\n    kernel = OwnDecodeKernel()\nexcept KernelBuildError as exc:\n    print('REFUSED', exc)\n    raise SystemExit\n"
     "print('FLAGS', kernel.describe()['flags'])\n"
     "gen = torch.Generator().manual_seed(5)\n"  # the audit's repro: one request, 40 scattered slots, GQA 4/2
@@ -169,7 +169,7 @@ def test_a_cc_that_links_with_fast_math_is_refused_at_start_up(tmp_path):
 def test_a_kernel_that_computes_wrong_values_is_refused_at_start_up(tmp_path):
     """A broken variant of the kernel (the exp's k left unrounded: what -ffast-math made of the old
     rounding) compiles and loads, and the start-up self-test refuses it by compiler and flags."""
-    from sglang_pd.srt.disaggregation.own_decode_kernel import SOURCE
+    from sglang_pd.srt.attention.own_decode_kernel import SOURCE
 
     source = SOURCE.read_text()
     broken = source.replace("rintf(xc * 1.44269504088896341f)", "(xc * 1.44269504088896341f)")
@@ -183,7 +183,7 @@ def test_a_kernel_that_computes_wrong_values_is_refused_at_start_up(tmp_path):
 
 
 def test_the_self_test_passes_the_kernel_and_names_what_a_wrong_one_gets_wrong():
-    from sglang_pd.srt.disaggregation.own_decode_kernel import self_test_problem
+    from sglang_pd.srt.attention.own_decode_kernel import self_test_problem
 
     kernel = OwnDecodeKernel()
     assert self_test_problem(kernel.merge_own) is None

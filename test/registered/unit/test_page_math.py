@@ -2,7 +2,7 @@
 
 import pytest
 
-from sglang_pd.srt.mem_cache.common import check_decode_prefix_len, kv_to_page_num, page_align_floor
+from sglang_pd.srt.mem_cache.page_math import check_decode_prefix_len, kv_to_page_num, page_align_floor
 
 pytestmark = pytest.mark.unit
 

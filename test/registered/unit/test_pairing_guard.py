@@ -4,7 +4,7 @@ named, including decode's missing host (upstream's decode scheduler dies on it).
 
 import pytest
 
-from sglang_pd.srt.disaggregation.pairing_guard import MAX_ROOM, check_pairing
+from sglang_pd.srt.http.pairing_checks import MAX_ROOM, check_pairing
 
 pytestmark = pytest.mark.unit
 

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from sglang_pd.srt.pd_metrics import LABELLED_COUNTERS, METRICS, PREFIX, PDCounters, markdown_table
+from sglang_pd.srt.metrics.pd_metrics import LABELLED_COUNTERS, METRICS, PREFIX, PDCounters, markdown_table
 
 pytestmark = pytest.mark.unit
 
@@ -51,7 +51,7 @@ def test_bound_metrics_carry_the_values_counted_before_binding():
 
 
 def test_readme_lists_every_metric_as_declared():
-    """README's table is `python -m sglang_pd.srt.pd_metrics` output, row for row."""
+    """README's table is `python -m sglang_pd.srt.metrics.pd_metrics` output, row for row."""
     readme = (Path(__file__).parents[3] / "README.md").read_text()
     assert markdown_table() in readme
     assert all(f"`{PREFIX}{name}`" in markdown_table() for name in [*METRICS, *LABELLED_COUNTERS])

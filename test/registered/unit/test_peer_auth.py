@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from sglang_pd.srt.disaggregation.peer_auth import (
+from sglang_pd.srt.auth.peer_auth import (
     DEFAULT_MAX_SKEW_S, AuthFailure, PeerAuth, ReplayGuard, SecretFileError, key_id, process_start_time, read_keys)
 
 pytestmark = pytest.mark.unit
@@ -135,7 +135,7 @@ def test_process_start_time_reads_the_kernel_clock_of_that_process():
 
 _VERIFY_IN_A_NEW_PROCESS = """
 import sys, time
-from sglang_pd.srt.disaggregation.peer_auth import PeerAuth, process_start_time
+from sglang_pd.srt.auth.peer_auth import PeerAuth, process_start_time
 auth = PeerAuth.from_file(sys.argv[1])
 frames = [bytes.fromhex(h) for h in sys.argv[2].split(",")]
 replayed = auth.verify_frames(frames).failure

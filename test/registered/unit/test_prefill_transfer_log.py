@@ -2,8 +2,8 @@
 
 import pytest
 
-from sglang_pd.srt.disaggregation.prefill_transfer_log import PrefillTransferLog
-from sglang_pd.srt.pd_metrics import PDCounters
+from sglang_pd.srt.transfer.prefill_log import PrefillTransferLog
+from sglang_pd.srt.metrics.pd_metrics import PDCounters
 
 pytestmark = pytest.mark.unit
 

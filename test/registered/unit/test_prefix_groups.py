@@ -6,9 +6,9 @@ import random
 import pytest
 import torch
 
-from sglang_pd.srt.disaggregation.attention_partials import merge, segment_partial
-from sglang_pd.srt.disaggregation.own_decode_kernel import OwnDecodeKernel, OwnSlots
-from sglang_pd.srt.disaggregation.prefix_groups import find_prefix_groups
+from sglang_pd.srt.attention.partials import merge, segment_partial
+from sglang_pd.srt.attention.own_decode_kernel import OwnDecodeKernel, OwnSlots
+from sglang_pd.srt.attention.prefix_groups import find_prefix_groups
 
 pytestmark = pytest.mark.unit
 

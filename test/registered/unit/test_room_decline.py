@@ -6,10 +6,10 @@ import time
 
 import pytest
 
-from sglang_pd.srt.disaggregation.room_decline import (DeclineError, DeclineNotice, RoomDeclineTable,
+from sglang_pd.srt.handshake.room_decline import (DeclineError, DeclineNotice, RoomDeclineTable,
                                                        decline_frames, parse_decline)
-from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits, MessageKind, Side, check_message
-from sglang_pd.srt.pd_metrics import PDCounters
+from sglang_pd.srt.handshake.frames import FrameLimits, MessageKind, Side, check_message
+from sglang_pd.srt.metrics.pd_metrics import PDCounters
 
 pytestmark = pytest.mark.unit
 

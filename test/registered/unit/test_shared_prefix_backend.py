@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from sglang_pd.bench.attention_world import DecodeWorld, Geometry, random_tokens
-from sglang_pd.srt.disaggregation.shared_attention_stats import FallbackReason, fallback_metric
+from sglang_pd.srt.attention.stats import FallbackReason, fallback_metric
 from sglang_pd.srt.hooks import attention_backend as ab
 
 pytestmark = pytest.mark.unit
@@ -293,7 +293,7 @@ def test_registered_by_name_and_refused_where_it_cannot_serve():
 
 def test_refused_on_a_torch_without_the_fused_cpu_attention_kernel(monkeypatch):
     """The partials run a torch-internal kernel: a torch without it is refused at start-up, by name."""
-    from sglang_pd.srt.disaggregation import attention_partials
+    from sglang_pd.srt.attention import partials as attention_partials
 
     world = _world("mha", 1)
     runner = SimpleNamespace(device="cpu", use_mla_backend=False, req_to_token_pool=world.rows,
@@ -305,7 +305,7 @@ def test_refused_on_a_torch_without_the_fused_cpu_attention_kernel(monkeypatch):
 
 
 def test_metric_names_stay_distinct_once_prometheus_drops_the_total_suffix():
-    from sglang_pd.srt.pd_metrics import METRICS
+    from sglang_pd.srt.metrics.pd_metrics import METRICS
 
     exported = [name.removesuffix("_total") if kind == "counter" else name for name, (kind, _) in METRICS.items()]
     assert len(exported) == len(set(exported))

@@ -4,8 +4,8 @@ import threading
 
 import pytest
 
-from sglang_pd.srt.disaggregation.room_expiry import RoomTombstones, UnclaimedRooms
-from sglang_pd.srt.disaggregation.thread_watch import ThreadRole, ThreadWatch, role_of
+from sglang_pd.srt.handshake.room_expiry import RoomTombstones, UnclaimedRooms
+from sglang_pd.srt.threads.thread_watch import ThreadRole, ThreadWatch, role_of
 
 pytestmark = pytest.mark.unit
 

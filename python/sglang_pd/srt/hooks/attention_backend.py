@@ -27,14 +27,14 @@ from __future__ import annotations
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
-from sglang_pd.srt.disaggregation.attention_partials import missing_kernel
-from sglang_pd.srt.disaggregation.local_extend_attention import (MixedRows, offset_causal_extend,
+from sglang_pd.srt.attention.partials import missing_kernel
+from sglang_pd.srt.attention.local_extend import (MixedRows, offset_causal_extend,
                                                                   offset_causal_extend_rows)
-from sglang_pd.srt.disaggregation.own_decode_kernel import OwnDecodeKernel, build_problem
-from sglang_pd.srt.disaggregation.prefix_groups import find_prefix_groups
-from sglang_pd.srt.disaggregation.segment_kv_cache import RequestKey
-from sglang_pd.srt.disaggregation.shared_attention_stats import FallbackReason, SharedAttentionStats
-from sglang_pd.srt.disaggregation.shared_prefix_attention import DecodePlan, SharedPrefixDecoder
+from sglang_pd.srt.attention.own_decode_kernel import OwnDecodeKernel, build_problem
+from sglang_pd.srt.attention.prefix_groups import find_prefix_groups
+from sglang_pd.srt.attention.segment_kv_cache import RequestKey
+from sglang_pd.srt.attention.stats import FallbackReason, SharedAttentionStats
+from sglang_pd.srt.attention.shared_prefix import DecodePlan, SharedPrefixDecoder
 from sglang_pd.srt.fault_injection import Fault
 from sglang_pd.srt.state import current
 

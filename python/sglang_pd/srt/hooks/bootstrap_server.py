@@ -1,10 +1,10 @@
 """Hook on SGLang's `CommonKVBootstrapServer` (disaggregation/common/conn.py, prefill's HTTP process):
 its routes authenticated and checked before SGLang's handlers store anything. The guard itself is
-srt/disaggregation/bootstrap_guard.py; the client side is srt/hooks/requests_sessions.py."""
+srt/http/bootstrap_middleware.py; the client side is srt/hooks/requests_sessions.py."""
 
 from __future__ import annotations
 
-from sglang_pd.srt.disaggregation.bootstrap_guard import bootstrap_middleware
+from sglang_pd.srt.http.bootstrap_middleware import bootstrap_middleware
 from sglang_pd.srt.state import current, mode_name
 
 

@@ -18,7 +18,7 @@ and NIXL managers (subclasses of CommonKVManager):
 - CommonKVSender._prepare_send_indices (AFTER): KV pages really handed to the transport, per room.
 - Mooncake/NixlKVManager.build_receiver_registration_message (AFTER): decode's registration ends with its
   pools' bounds (pool_bounds.py), which prefill's gate holds its transfer infos' indices to.
-- the room decline (srt/disaggregation/room_decline.py), both ends of it:
+- the room decline (srt/handshake/room_decline.py), both ends of it:
 
     decode:  send_decline(receiver, notice)    -> every prefill rank of the receiver's room (signed)
     prefill: the gate checks it, consume_decline_first takes it -> RoomDeclineTable (fail now, or tombstone)
@@ -34,19 +34,19 @@ import logging
 import threading
 
 from sglang_pd.config import PEER_SECRET_FILE
-from sglang_pd.srt.disaggregation import curve_keys
-from sglang_pd.srt.disaggregation.guarded_socket import Between, GuardedSocket, HeldRooms, SigningSocket
-from sglang_pd.srt.disaggregation.handshake_frames import FrameLimits, Side
-from sglang_pd.srt.disaggregation.handshake_gate import HandshakeGate
-from sglang_pd.srt.disaggregation.manager_host import ManagerHost, registered_targets
-from sglang_pd.srt.disaggregation.pool_bounds import bounds_frame, bounds_of
-from sglang_pd.srt.disaggregation.prompt_binding import PromptDigests
-from sglang_pd.srt.disaggregation.room_decline import DeclineError, DeclineNotice, decline_frames, parse_decline
-from sglang_pd.srt.disaggregation.room_expiry import RoomTombstones, UnclaimedRooms
-from sglang_pd.srt.disaggregation.thread_watch import ThreadRole, ThreadWatch, Watchdog
+from sglang_pd.srt.auth import curve_keys
+from sglang_pd.srt.handshake.sockets import Between, GuardedSocket, HeldRooms, SigningSocket
+from sglang_pd.srt.handshake.frames import FrameLimits, Side
+from sglang_pd.srt.handshake.gate import HandshakeGate
+from sglang_pd.srt.handshake.manager_host import ManagerHost, registered_targets
+from sglang_pd.srt.handshake.pool_bounds import bounds_frame, bounds_of
+from sglang_pd.srt.handshake.prompt_binding import PromptDigests
+from sglang_pd.srt.handshake.room_decline import DeclineError, DeclineNotice, decline_frames, parse_decline
+from sglang_pd.srt.handshake.room_expiry import RoomTombstones, UnclaimedRooms
+from sglang_pd.srt.threads.thread_watch import ThreadRole, ThreadWatch, Watchdog
 from sglang_pd.srt.fault_injection import Fault
 from sglang_pd.srt.hooks.network import rank_socket_options
-from sglang_pd.srt.mem_cache.common import bytes_per_page
+from sglang_pd.srt.mem_cache.page_math import bytes_per_page
 from sglang_pd.srt.state import current, mode_name
 
 logger = logging.getLogger(__name__)

@@ -1,5 +1,5 @@
 """Hook on SGLang's `DetokenizerManager` (detokenizer process): a PD server's detokenizer runs its
-threads without wake-up preemption (srt/disaggregation/helper_threads.py)."""
+threads without wake-up preemption (srt/threads/helper_threads.py)."""
 
 from __future__ import annotations
 

@@ -3,18 +3,18 @@
 GET /sglang_pd/info   -> version, role, hooks applied in the HTTP and scheduler processes.
 GET /sglang_pd/stats  -> the scheduler-side state of every DP rank (counters, ledger, integrity, ...).
 POST /sglang_pd/faults -> arm test faults (mounted only with SGLANG_PD_ENABLE_FAULT_INJECTION=1).
-SGLang's /health and /health_generate answer 503 while a PD thread is dead (srt/disaggregation/health_guard.py).
-Concurrent callers of these routes share one question to the schedulers (srt/single_flight.py).
+SGLang's /health and /health_generate answer 503 while a PD thread is dead (srt/http/health.py).
+Concurrent callers of these routes share one question to the schedulers (srt/metrics/single_flight.py).
 """
 
 from __future__ import annotations
 
 import sglang_pd
-from sglang_pd.srt.disaggregation.health_guard import HealthGuardMiddleware
-from sglang_pd.srt.disaggregation.retry_after import RetryAfterMiddleware
+from sglang_pd.srt.http.health import HealthGuardMiddleware
+from sglang_pd.srt.http.retry_after import RetryAfterMiddleware
 from sglang_pd.srt.fault_injection import KEY_PREFIX
-from sglang_pd.srt.scrape_refresh import RefreshBeforeScrape
-from sglang_pd.srt.single_flight import SingleFlight
+from sglang_pd.srt.metrics.scrape_refresh import RefreshBeforeScrape
+from sglang_pd.srt.metrics.single_flight import SingleFlight
 from sglang_pd.srt.state import INTERNAL_STATE_KEY, current, mode_name
 
 INFO_PATH = "/sglang_pd/info"

@@ -4,7 +4,7 @@ after SGLang normalised it (prompt_guard.py). A ValueError here is SGLang's HTTP
 
 from __future__ import annotations
 
-from sglang_pd.srt.disaggregation.prompt_guard import (check_parallel_samples, check_request_ids, check_stop_regex,
+from sglang_pd.srt.http.request_checks import (check_parallel_samples, check_request_ids, check_stop_regex,
                                                        num_prompts)
 from sglang_pd.srt.state import current
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 
-from sglang_pd.srt.disaggregation.transfer_batches import descriptor_batches
-from sglang_pd.srt.disaggregation.transfer_worker_guard import ChunkTap, record, recover_room
+from sglang_pd.srt.transfer.batches import descriptor_batches
+from sglang_pd.srt.transfer.worker_recovery import ChunkTap, record, recover_room
 from sglang_pd.srt.hooks.common_conn import consume_decline_first
 from sglang_pd.srt.state import current
 

@@ -15,8 +15,8 @@ import contextlib
 import contextvars
 from typing import NamedTuple
 
-from sglang_pd.srt.disaggregation import curve_keys
-from sglang_pd.srt.disaggregation.curve_keys import CurveKeys
+from sglang_pd.srt.auth import curve_keys
+from sglang_pd.srt.auth.curve_keys import CurveKeys
 
 
 class RankSocketOptions(NamedTuple):

@@ -1,14 +1,14 @@
 """Hooks on SGLang's `NixlKVManager` (disaggregation/nixl/conn.py): host-memory KV, stall bound, pages
 counted at NIXL, room declines consumed first, a registration NIXL cannot load dropped (not the
-bootstrap thread). The logic is in srt/disaggregation/nixl_host_memory.py."""
+bootstrap thread). The logic is in srt/transfer/nixl_host_memory.py."""
 
 from __future__ import annotations
 
 import logging
 
-from sglang_pd.srt.disaggregation.nixl_host_memory import HOST_MEMORY_KIND
+from sglang_pd.srt.transfer.nixl_host_memory import HOST_MEMORY_KIND
 from sglang_pd.srt.hooks.common_conn import consume_decline_first
-from sglang_pd.srt.mem_cache.common import bytes_per_page
+from sglang_pd.srt.mem_cache.page_math import bytes_per_page
 from sglang_pd.srt.state import current
 
 logger = logging.getLogger(__name__)

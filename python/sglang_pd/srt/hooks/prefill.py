@@ -11,10 +11,10 @@ from __future__ import annotations
 
 import logging
 
-from sglang_pd.srt.disaggregation.prefill_guard import validate_decode_prefix_len
+from sglang_pd.srt.mem_cache.prefix_len import validate_decode_prefix_len
 from sglang_pd.srt.fault_injection import Fault
 from sglang_pd.srt.hooks.common_conn import fail_declined_room
-from sglang_pd.srt.mem_cache.common import RequestKind, request_kind
+from sglang_pd.srt.mem_cache.page_math import RequestKind, request_kind
 from sglang_pd.srt.state import current
 
 logger = logging.getLogger(__name__)

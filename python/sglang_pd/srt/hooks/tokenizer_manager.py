@@ -5,10 +5,10 @@ its threads without wake-up preemption (helper_threads.py)."""
 
 from __future__ import annotations
 
-from sglang_pd.srt.disaggregation.pairing_guard import check_pairing
-from sglang_pd.srt.disaggregation.prompt_guard import (check_input_ids, check_logprob_start_len, check_sampling_limits,
+from sglang_pd.srt.http.pairing_checks import check_pairing
+from sglang_pd.srt.http.request_checks import (check_input_ids, check_logprob_start_len, check_sampling_limits,
                                                        check_top_logprobs_num)
-from sglang_pd.srt.disaggregation.request_fields import unwrap_request_fields
+from sglang_pd.srt.metrics.request_fields import unwrap_request_fields
 from sglang_pd.srt.state import current
 
 

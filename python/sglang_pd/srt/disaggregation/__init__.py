@@ -1,1 +1,0 @@
-"""Decode admission, prefill transfer planning/recording, transport helpers, metrics."""
