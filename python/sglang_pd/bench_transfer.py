@@ -51,7 +51,7 @@ import time
 
 from sglang_pd.bench.transfer.copy_limit import run_copy
 from sglang_pd.bench.transfer.layout import ELEM_BYTES, Case, Geometry, make_case
-from sglang_pd.bench.transfer.loopback import apply_env
+from sglang_pd.harness.endpoints.loopback import apply_env
 from sglang_pd.bench.transfer.process_pair import run_backend
 from sglang_pd.bench.transfer.report import format_table, write_json
 from sglang_pd.bench.transfer.results import Row, Skip, add_ratios

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from sglang_pd.secret_file import SecretFileError, read_keys
+
 PREFIX = "SGLANG_PD_"
 NIXL_STALL_TIMEOUT_S = f"{PREFIX}NIXL_STALL_TIMEOUT_S"
 ENABLE_FAULT_INJECTION = f"{PREFIX}ENABLE_FAULT_INJECTION"
@@ -102,8 +104,6 @@ def _folder(value: str) -> Path:
 
 def _secret_file(value: str) -> Path:
     """A readable file of keys of >= 32 characters; the message names the path, never the content."""
-    from sglang_pd.srt.auth.peer_auth import SecretFileError, read_keys
-
     try:
         read_keys(value)
     except SecretFileError as exc:

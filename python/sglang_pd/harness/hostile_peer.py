@@ -263,12 +263,12 @@ class TransferPeer:
         self.kv = [np.zeros(self.item * num_pages, dtype=np.uint8) for _ in range(pool["num_kv_buffers"])]
         self.aux = [np.zeros(n * 4, dtype=np.uint8) for n in pool["aux_item_lens"]]
         if backend == "mooncake":
-            from sglang_pd.bench.transfer.mooncake_endpoint import MooncakeEndpoint
+            from sglang_pd.harness.endpoints.mooncake_endpoint import MooncakeEndpoint
 
             self.endpoint = MooncakeEndpoint(name, self.kv + self.aux)
             transfer_name, self.metadata = self.endpoint.info()["session"], b""
         else:
-            from sglang_pd.bench.transfer.nixl_endpoint import NixlEndpoint
+            from sglang_pd.harness.endpoints.nixl_endpoint import NixlEndpoint
 
             self.endpoint = NixlEndpoint(f"{name}-{free_port()}", self.kv + self.aux)
             transfer_name, self.metadata = self.endpoint.agent.name, self.endpoint.info()["metadata"]

@@ -121,7 +121,7 @@ class CorrectnessSuite:
         fails the room and tells decode, so B's half ends with an error, never with A's output. A second
         decode request in a room a first one holds is refused (400); the first pair equals plain; nothing
         leaks."""
-        from sglang_pd.harness.deployment import new_bootstrap_room
+        from sglang_pd.harness.deployment_requests import new_bootstrap_room
         from sglang_pd.harness.hostile_peer import handshake_view
 
         rng = random.Random(501 + dep.config.page_size)
@@ -170,7 +170,7 @@ class CorrectnessSuite:
 
 def arm_for_new_room(dep: PDDeployment, fault: str) -> tuple[int, int]:
     """A new room with `fault` armed for it on decode, and how often the fault had fired before."""
-    from sglang_pd.harness.deployment import new_bootstrap_room
+    from sglang_pd.harness.deployment_requests import new_bootstrap_room
 
     room, before = new_bootstrap_room(), decode_fired(dep, fault)
     dep.arm_faults(dep.decodes[0], **{f"{fault}_room": room})
@@ -299,7 +299,7 @@ def assert_stall_cancelled_and_decode_told(dep: PDDeployment, plain_url: str, st
     failed; decode hears it within the bound (plus scheduling slack) and releases lock and pages."""
     import time
 
-    from sglang_pd.harness.deployment import new_bootstrap_room
+    from sglang_pd.harness.deployment_requests import new_bootstrap_room
 
     rng = random.Random(33)
     primed = _tokens(rng, 32)

@@ -8,7 +8,8 @@ import time
 import pytest
 
 from sglang_pd.srt.auth.peer_auth import (
-    DEFAULT_MAX_SKEW_S, AuthFailure, PeerAuth, ReplayGuard, SecretFileError, key_id, process_start_time, read_keys)
+    DEFAULT_MAX_SKEW_S, AuthFailure, PeerAuth, ReplayGuard, key_id, process_start_time)
+from sglang_pd.secret_file import SecretFileError, read_keys
 
 pytestmark = pytest.mark.unit
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from sglang_pd.bench.attention_world import DecodeWorld, Geometry, random_tokens
-from sglang_pd.srt.attention.stats import FallbackReason, fallback_metric
+from sglang_pd.srt.attention.stats import AttentionFallback, fallback_metric
 from sglang_pd.srt.hooks import attention_backend as ab
 
 pytestmark = pytest.mark.unit
@@ -173,7 +173,7 @@ def test_sliding_window_layers_fall_back_to_the_wrapped_backend_and_are_counted(
     plain = world.run_step(world.plain, batch, inputs)
     assert all(torch.equal(a, b) for a, b in zip(plain, shared))
     counters = world.stats.counters.values
-    assert counters[fallback_metric(FallbackReason.SLIDING_WINDOW)] == g.num_layers
+    assert counters[fallback_metric(AttentionFallback.SLIDING_WINDOW)] == g.num_layers
     assert world.stats.snapshot()["fallback_layer_calls"]["sliding_window"] == g.num_layers
 
 
@@ -197,7 +197,7 @@ def test_a_beam_search_batch_falls_back_to_the_wrapped_backend_and_is_counted():
     assert all(torch.equal(a, b) for a, b in zip(plain, shared))
     assert world.shared.plan is None
     counters = world.stats.counters.values
-    assert counters[fallback_metric(FallbackReason.BEAM_SEARCH)] == len(world.layers)
+    assert counters[fallback_metric(AttentionFallback.BEAM_SEARCH)] == len(world.layers)
     assert counters["shared_attn_decode_steps_total"] == 0
     assert world.stats.snapshot()["fallback_layer_calls"]["beam_search"] == len(world.layers)
 

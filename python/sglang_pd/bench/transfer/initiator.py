@@ -14,7 +14,7 @@ from dataclasses import asdict
 from sglang_pd.bench.transfer.buffers import VerificationError, make_buffers
 from sglang_pd.bench.transfer.descriptors import case_descriptors
 from sglang_pd.bench.transfer.layout import Case, Geometry
-from sglang_pd.bench.transfer.loopback import apply_env
+from sglang_pd.harness.endpoints.loopback import apply_env
 from sglang_pd.bench.transfer.pipe import call_target, recv_within
 from sglang_pd.bench.transfer.results import Row, make_row
 from sglang_pd.bench.transfer.transports import ENDPOINTS, MODES, Endpoint

@@ -8,7 +8,7 @@ import os
 from dataclasses import asdict
 
 from sglang_pd.bench.transfer.layout import ELEM_BYTES, Geometry
-from sglang_pd.bench.transfer.loopback import LOOPBACK_ENV
+from sglang_pd.harness.endpoints.loopback import LOOPBACK_ENV
 from sglang_pd.bench.transfer.results import Row, Skip
 
 _BACKEND_ORDER = {"copy": 0, "nixl": 1, "nixl+coalesce": 2, "mooncake_tcp": 3}

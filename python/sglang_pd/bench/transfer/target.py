@@ -7,7 +7,7 @@ import traceback
 
 from sglang_pd.bench.transfer.buffers import VerificationError, clear_pages, make_buffers, verify_pages
 from sglang_pd.bench.transfer.layout import Geometry
-from sglang_pd.bench.transfer.loopback import apply_env
+from sglang_pd.harness.endpoints.loopback import apply_env
 from sglang_pd.bench.transfer.pipe import recv_within
 from sglang_pd.bench.transfer.transports import ENDPOINTS
 

@@ -10,8 +10,8 @@ from typing import Protocol
 
 import numpy as np
 
-from sglang_pd.bench.transfer.mooncake_endpoint import MooncakeEndpoint
-from sglang_pd.bench.transfer.nixl_endpoint import NixlEndpoint
+from sglang_pd.harness.endpoints.mooncake_endpoint import MooncakeEndpoint
+from sglang_pd.harness.endpoints.nixl_endpoint import NixlEndpoint
 
 
 class Endpoint(Protocol):

@@ -37,11 +37,12 @@ from collections import deque
 from pathlib import Path
 from typing import Callable, NamedTuple
 
+from sglang_pd.secret_file import SecretFileError, read_keys
+
 MAGIC = b"SGLPD-AUTH/1"
 TRAILER_FRAMES = 5
 HTTP_HEADER = "X-SGLang-PD-Auth"
 HTTP_RESPONSE_HEADER = "X-SGLang-PD-Auth-Response"
-MIN_KEY_CHARS = 32
 DEFAULT_MAX_SKEW_S = 30.0
 _LABEL_ZMQ = b"sglang_pd/zmq/1\0"
 _LABEL_HTTP_REQ = b"sglang_pd/http-request/1\0"
@@ -67,28 +68,6 @@ class AuthVerdict(NamedTuple):
     failure: AuthFailure | None
     frames: list[bytes] | None = None
     nonce: str | None = None
-
-
-class SecretFileError(ValueError):
-    """The secret file cannot be used; the message names the path, never the content."""
-
-
-def read_keys(path: str | os.PathLike) -> list[bytes]:
-    """Keys in `path`, one per line (blank and '#' lines skipped); the first signs. Raises SecretFileError."""
-    p = Path(path)
-    try:
-        text = p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise SecretFileError(f"{p} does not exist") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SecretFileError(f"{p} cannot be read ({type(exc).__name__})") from None
-    keys = [line.strip().encode() for line in text.splitlines() if line.strip() and not line.startswith("#")]
-    if not keys:
-        raise SecretFileError(f"{p} holds no key")
-    short = [i + 1 for i, key in enumerate(keys) if len(key) < MIN_KEY_CHARS]
-    if short:
-        raise SecretFileError(f"{p}: key(s) on non-comment line(s) {short} are shorter than {MIN_KEY_CHARS} characters")
-    return keys
 
 
 def key_id(key: bytes) -> bytes:

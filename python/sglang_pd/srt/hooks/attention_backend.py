@@ -11,7 +11,7 @@ The backend wraps SGLang's `TorchNativeAttnBackend` (built from the same model r
 - extend forwards (prefill servers, decode-local prefill): causal self-attention attends with only the
   new queries (local_extend_attention.offset_causal_extend);
 - what it does not serve goes to the wrapped backend: decode layer calls counted by reason
-  (`FallbackReason`: sliding-window layers, cross attention, logit cap, encoder tokens, hybrid SWA
+  (`AttentionFallback`: sliding-window layers, cross attention, logit cap, encoder tokens, hybrid SWA
   pool, beam search), and extend layer calls that are not plain causal self-attention; idle forwards.
 
 Refused at start-up (ValueError naming the flag): a device other than CPU (the GPU form is a plan
@@ -33,7 +33,7 @@ from sglang_pd.srt.attention.local_extend import (MixedRows, offset_causal_exten
 from sglang_pd.srt.attention.own_decode_kernel import OwnDecodeKernel, build_problem
 from sglang_pd.srt.attention.prefix_groups import find_prefix_groups
 from sglang_pd.srt.attention.segment_kv_cache import RequestKey
-from sglang_pd.srt.attention.stats import FallbackReason, SharedAttentionStats
+from sglang_pd.srt.attention.stats import AttentionFallback, SharedAttentionStats
 from sglang_pd.srt.attention.shared_prefix import DecodePlan, SharedPrefixDecoder
 from sglang_pd.srt.fault_injection import Fault
 from sglang_pd.srt.state import current
@@ -121,13 +121,13 @@ def create_backend(runner):
     return backend
 
 
-def _layer_fallback(layer) -> FallbackReason | None:
+def _layer_fallback(layer) -> AttentionFallback | None:
     if layer.is_cross_attention:
-        return FallbackReason.CROSS_ATTENTION
+        return AttentionFallback.CROSS_ATTENTION
     if layer.sliding_window_size is not None and layer.sliding_window_size > -1:
-        return FallbackReason.SLIDING_WINDOW
+        return AttentionFallback.SLIDING_WINDOW
     if layer.logit_cap and layer.logit_cap > 0:
-        return FallbackReason.LOGIT_CAP
+        return AttentionFallback.LOGIT_CAP
     return None
 
 
@@ -162,7 +162,7 @@ class SharedPrefixAttnBackend(AttentionBackend):
         self.layer_ids = range(pool.start_layer, pool.start_layer + pool.layer_num)
         self.decoder = SharedPrefixDecoder(pool.head_num, pool.head_dim, OwnDecodeKernel())
         self.plan: DecodePlan | None = None
-        self.batch_fallback: FallbackReason | None = None
+        self.batch_fallback: AttentionFallback | None = None
         self.planned_batch = None  # the ForwardBatch the plan was built for (a plan never serves another)
 
     def init_forward_metadata(self, forward_batch) -> None:
@@ -175,14 +175,14 @@ class SharedPrefixAttnBackend(AttentionBackend):
         if not (mode.is_decode() or mode.is_mixed()):
             return
         if forward_batch.encoder_lens is not None:
-            self.batch_fallback = FallbackReason.ENCODER_LENS
+            self.batch_fallback = AttentionFallback.ENCODER_LENS
         elif self.inner.use_sliding_window_kv_pool:
-            self.batch_fallback = FallbackReason.SWA_KV_POOL
+            self.batch_fallback = AttentionFallback.SWA_KV_POOL
         elif forward_batch.rids is not None and len(forward_batch.rids) != forward_batch.batch_size:
             # SGLang's beam search (beam_search/batch_tail.py) appends its member rows to req_pool_indices
             # and seq_lens but not to rids: those rows have no request id to follow between steps, and
             # ForwardBatch carries no other beam marker.
-            self.batch_fallback = FallbackReason.BEAM_SEARCH
+            self.batch_fallback = AttentionFallback.BEAM_SEARCH
         elif mode.is_decode():
             self.plan = self._plan(forward_batch, list(range(forward_batch.batch_size)))
         else:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from sglang_pd.srt.attention.stats import SHARED_ATTENTION_METRICS
+from sglang_pd.srt.metrics.shared_attention_rows import SHARED_ATTENTION_METRICS
 
 PREFIX = "sglang_pd:"
 
@@ -158,7 +158,7 @@ METRICS: dict[str, tuple[str, str]] = {
                                                    "(SGLANG_PD_HELPER_THREADS_BATCH)"),
     "pd_helper_thread_policy_errors_total": ("counter", "threads that could not be switched to SCHED_BATCH (logged; "
                                                         "they keep their policy)"),
-    # shared-prefix decode attention (srt/hooks/attention_backend.py; names in shared_attention_stats.py)
+    # shared-prefix decode attention (srt/hooks/attention_backend.py; names in shared_attention_rows.py)
     **SHARED_ATTENTION_METRICS,
 }
 

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from sglang_pd.bench.transfer.loopback import HOST
+from sglang_pd.harness.endpoints.loopback import HOST
 
 MOONCAKE_CHUNK = 1024               # larger batches of small (1 KiB) slices overflow its TCP lane queue (rc=-1)
 
