@@ -37,7 +37,7 @@ from collections import deque
 from pathlib import Path
 from typing import Callable, NamedTuple
 
-from sglang_pd.secret_file import SecretFileError, read_keys
+from sglang_pd.secret_file import MIN_KEY_CHARS, SecretFileError, read_keys
 
 MAGIC = b"SGLPD-AUTH/1"
 TRAILER_FRAMES = 5
