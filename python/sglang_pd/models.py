@@ -9,7 +9,6 @@ KV. No tokenizer for tiny/capacity: clients send `input_ids` and servers run wit
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from sglang_pd.checkpoint import build_once, recipe, write_checkpoint

@@ -34,7 +34,6 @@ import os
 import threading
 import time
 from collections import deque
-from pathlib import Path
 from typing import Callable, NamedTuple
 
 from sglang_pd.secret_file import MIN_KEY_CHARS, SecretFileError, read_keys
