@@ -2,8 +2,9 @@
 
 Order (the contract): match (read-only) -> check decode_prefix_len (mem_cache/prefix_len.py's rule:
 page-aligned, within the prompt) -> lock with the request as owner -> SGLang preallocates only
-`num_new_pages` pages -> the transfer layer is handed exactly those pages and `decode_prefix_len`. Every lock goes through the LockLedger, so each one is released exactly once
-on every exit path (SGLang's release paths call `unlock`, which the ledger checks).
+`num_new_pages` pages -> the transfer layer is handed exactly those pages and `decode_prefix_len`.
+Every lock goes through the LockLedger, so each one is released exactly once on every exit path
+(SGLang's release paths call `unlock`, which the ledger checks).
 
 Warmup (fake bootstrap) and health-check requests never touch the tree: they match nothing, hold
 no lock, and are marked `skip_radix_cache_insert` so their tokens are never inserted.
