@@ -17,6 +17,7 @@ import base64
 import enum
 import time
 from collections import OrderedDict
+from typing import NamedTuple
 
 from sglang_pd.config import ENABLE_FAULT_INJECTION
 
@@ -44,6 +45,14 @@ class Fault(str, enum.Enum):
     SHARED_MERGE_AVERAGE = "shared_merge_average"  # decode: the next N shared-prefix forwards average partials
     LOCAL_EXTEND_KV_SHIFT = "local_extend_kv_shift"  # decode: the room's local extend writes each KV one slot off
     KV_PROBE = "kv_probe"                   # any server: copy the room's prompt KV when it releases its row
+
+
+class HandoffBend(NamedTuple):
+    """What a fault changes in decode's hand-off to prefill: the decode_prefix_len told (None: unchanged)
+    and how many of the leading slots are not handed over."""
+
+    decode_prefix_len: int | None
+    num_slots_skipped: int
 
 
 class FaultPlan:
@@ -93,6 +102,20 @@ class FaultPlan:
             return True
         holds.pop(room)
         return False
+
+    def bend_handoff(self, room: int, decode_prefix_len: int, prompt_len: int, num_slots: int,
+                     page_size: int) -> HandoffBend:
+        """Consume the first of PREFIX_UNALIGNED (one token more), PREFIX_EXCEEDS (past the prompt) and
+        PREFIX_PAGE_AHEAD armed for `room`. PREFIX_PAGE_AHEAD tells prefill one page more prefix than decode
+        holds and hands over no slots for that page: the page keeps whatever the pool had there, as a decode
+        reusing a page it does not hold would (only with more than a page of slots)."""
+        if self.take(Fault.PREFIX_UNALIGNED, room):
+            return HandoffBend(decode_prefix_len + 1, 0)
+        if self.take(Fault.PREFIX_EXCEEDS, room):
+            return HandoffBend(prompt_len + page_size, 0)
+        if num_slots > page_size and self.take(Fault.PREFIX_PAGE_AHEAD, room):
+            return HandoffBend(decode_prefix_len + page_size, page_size)
+        return HandoffBend(None, 0)
 
     def arm_from_keys(self, server_args: dict) -> dict:
         """Arm every `sglang_pd_fault_<name>` key; return the remaining (SGLang's own) keys.

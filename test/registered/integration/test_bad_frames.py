@@ -94,8 +94,8 @@ def _bad_transfer_infos(backend: str, room: int, peer: PeerIdentity, page_size: 
 
     bad_name, name_reason = ((b"no-colon", "no ':<port>'") if backend == "mooncake"
                              else (b"agent with spaces", "not a plain identifier"))
-    # Checked per request by prefill_guard at finalize_bootstrap (it knows the prompt): past the page grid
-    # on page 16, past the 40-token prompt on page 1 (every length is aligned to page size 1).
+    # Checked per request by prefix_len.check_for_prompt at finalize_bootstrap (it knows the prompt): past the
+    # page grid on page 16, past the 40-token prompt on page 1 (every length is aligned to page size 1).
     per_request = ((b"17", "not aligned to page size 16") if page_size == 16
                    else (b"48", "exceeds the prompt length 40"))
     stranger = Templates(backend, PeerIdentity("127.0.0.1", 7, "127.0.0.1:7")).transfer_info(room, [1, 2, 3])

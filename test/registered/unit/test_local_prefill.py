@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import make_req
-from sglang_pd.srt.local_prefill.queue import (FallbackReason, LocalPrefill, LocalState,
-                                                        LocalTransitionError, decide)
+from sglang_pd.srt.local_prefill.decision import FallbackReason, decide
+from sglang_pd.srt.local_prefill.queue import LocalPrefill, LocalState, LocalTransitionError
 from sglang_pd.srt.mem_cache.page_math import RequestKind
 from sglang_pd.srt.mem_cache.standalone import paged_tree
 from sglang_pd.srt.mem_cache.tree_integrity import check_integrity
@@ -31,21 +31,30 @@ pytestmark = pytest.mark.unit
     (32, 20, 0, False, None, (True, 20, None)),            # ... unless the threshold covers it
 ])
 def test_decision(threshold, prompt, prefix, logprobs, unsupported, expected):
-    got = decide(threshold, prompt, prefix, logprobs, unsupported)
+    req = make_req("r", list(range(1, prompt + 1)))
+    req.return_logprob, req.logprob_start_len = logprobs, 0 if logprobs else -1
+    req.grammar = unsupported
+    got = decide(threshold, req, prefix)
     assert (got.local, got.num_uncached, got.fallback) == expected
 
 
 def test_fallbacks_are_counted_by_reason_and_off_counts_nothing():
     counters = PDCounters()
     lp = LocalPrefill(16, 64, counters)
-    lp.decide(100, 100, False, None)
-    lp.decide(100, 90, True, None)
-    lp.decide(100, 90, False, "LoRA adapter")
+    prompt = list(range(1, 101))
+    lp.decide(make_req("full", prompt), 100)
+    logprobs = make_req("logprobs", prompt)
+    logprobs.return_logprob, logprobs.logprob_start_len = True, 0
+    lp.decide(logprobs, 90)
+    lora = make_req("lora", prompt)
+    lora.lora_id = "adapter-1"
+    assert lp.decide(lora, 90).detail == "LoRA adapter"
+    lp.enqueue(_req("live"), 90, 10)
+    assert lp.decide(make_req("live", prompt), 90).fallback is FallbackReason.DUPLICATE_RID
     lp.count_fallback(FallbackReason.DECLINE_UNSENT)
-    lp.count_fallback(FallbackReason.DUPLICATE_RID)
     assert lp.snapshot()["fallbacks"] == {r.value: 1 for r in FallbackReason}
     off = LocalPrefill(0, 64, PDCounters())
-    assert not off.enabled and off.decide(100, 99, False, None).local is False
+    assert not off.enabled and off.decide(make_req("off", prompt), 99).local is False
     assert all(v == 0 for v in off.snapshot()["fallbacks"].values())
 
 
@@ -216,7 +225,7 @@ def world(request, ledger, pd_state, sglang_context):
 
 
 def _decide_and_queue(world, req, prefix_len):
-    decision = world.state.local_prefill.decide(len(req.origin_input_ids), prefix_len, False, None)
+    decision = world.state.local_prefill.decide(req, prefix_len)
     assert decision.local
     world.state.local_prefill.enqueue(req, prefix_len, decision.num_uncached)
     return decision
@@ -285,7 +294,8 @@ def test_failed_extend_and_pd_fallback_leave_nothing_behind(world):
     # Fallback: within the threshold but prompt logprobs asked for: the PD path keeps the same lock and
     # pages (nothing was done to them) and releases them as a transfer-queue exit does.
     pd, prefix_len, _ = world.admit("fallback", list(range(1, 41)) + [60, 61])
-    decision = world.state.local_prefill.decide(len(pd.origin_input_ids), prefix_len, True, None)
+    pd.return_logprob, pd.logprob_start_len = True, 0
+    decision = world.state.local_prefill.decide(pd, prefix_len)
     assert not decision.local and decision.fallback is FallbackReason.INPUT_LOGPROBS
     assert world.state.lock_ledger.owners() == {"fallback": 1}
     release_kv_cache(pd, world.tree, checkpoint=False)
@@ -363,7 +373,7 @@ def test_a_sent_decline_queues_the_request_locally(world, zmq_pair):
     """The decline reaches prefill's socket naming the room; the request is decode's from then on:
     queued locally with its lock, its receiver cleared and detached, marked abort-notified."""
     from sglang_pd.srt.handshake.room_decline import parse_decline
-    from sglang_pd.srt.hooks.decode_prealloc_queue import _serve_locally
+    from sglang_pd.srt.hooks.decode_handoff import _serve_locally
     from sglang_pd.srt.hooks.decode_scheduler import release_local
 
     push, pull = zmq_pair
@@ -386,7 +396,7 @@ def test_a_decline_that_cannot_be_sent_leaves_the_request_on_the_pd_path(world, 
     receiver, lock and pages untouched, counts the fallback and the hook error, and queues nothing."""
     from sglang.srt.mem_cache.common import release_kv_cache
 
-    from sglang_pd.srt.hooks.decode_prealloc_queue import _serve_locally
+    from sglang_pd.srt.hooks.decode_handoff import _serve_locally
 
     push, _ = zmq_pair
     push.close(linger=0)  # every send on it now raises
@@ -413,7 +423,7 @@ def test_a_second_live_request_under_one_rid_stays_on_the_pd_path(world, zmq_pai
     from sglang.srt.mem_cache.common import release_kv_cache
 
     from sglang_pd.srt.handshake.room_decline import parse_decline
-    from sglang_pd.srt.hooks.decode_prealloc_queue import _serve_locally
+    from sglang_pd.srt.hooks.decode_handoff import _serve_locally
     from sglang_pd.srt.hooks.decode_scheduler import release_local
 
     push, pull = zmq_pair
@@ -450,7 +460,7 @@ def test_a_declined_request_the_local_queue_refuses_stays_whole_on_the_pd_path(w
     from sglang.srt.mem_cache.common import release_kv_cache
 
     from sglang_pd.srt.handshake.room_decline import parse_decline
-    from sglang_pd.srt.hooks.decode_prealloc_queue import _serve_locally
+    from sglang_pd.srt.hooks.decode_handoff import _serve_locally
 
     push, pull = zmq_pair
     req, prefix_len = _admitted_request(world, "refused", 7201)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sglang_pd.srt.mem_cache.page_math import check_decode_prefix_len, kv_to_page_num, page_align_floor
+from sglang_pd.srt.mem_cache.page_math import kv_to_page_num, page_align_floor
 
 pytestmark = pytest.mark.unit
 
@@ -19,17 +19,6 @@ def test_page_align_floor(tokens, page, expected):
 ])
 def test_kv_to_page_num(tokens, page, expected):
     assert kv_to_page_num(tokens, page) == expected
-
-
-@pytest.mark.parametrize("prefix,prompt,page,message", [
-    (8, 40, 16, "not aligned to page size 16"),
-    (48, 40, 16, "exceeds the prompt length 40"),
-    (-16, 40, 16, "is negative"),
-    (1.5, 40, 1, "must be an int"),
-])
-def test_check_decode_prefix_len_rejects(prefix, prompt, page, message):
-    with pytest.raises(ValueError, match=message):
-        check_decode_prefix_len(prefix, prompt, page)
 
 
 def test_bad_page_size_rejected():

@@ -1,9 +1,10 @@
 """Decode prefix admission: match the decode radix tree, lock the hit, plan the pages to receive.
 
-Order (the contract): match (read-only) -> page-align -> lock with the request as owner -> SGLang
-preallocates only `num_new_pages` pages -> the transfer layer is handed exactly those pages and
-`decode_prefix_len`. Every lock goes through the LockLedger, so each one is released exactly once
-on every exit path (SGLang's release paths call `unlock`, which the ledger checks).
+Order (the contract): match (read-only) -> check decode_prefix_len (mem_cache/prefix_len.py's rule:
+page-aligned, within the prompt) -> lock with the request as owner -> SGLang preallocates only
+`num_new_pages` pages -> the transfer layer is handed exactly those pages and `decode_prefix_len`.
+Every lock goes through the LockLedger, so each one is released exactly once on every exit path
+(SGLang's release paths call `unlock`, which the ledger checks).
 
 Warmup (fake bootstrap) and health-check requests never touch the tree: they match nothing, hold
 no lock, and are marked `skip_radix_cache_insert` so their tokens are never inserted.
@@ -16,9 +17,9 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from sglang_pd.srt.mem_cache.page_math import (RequestKind, check_decode_prefix_len, kv_to_page_num,
-                                            page_align_floor)
 from sglang_pd.srt.mem_cache.lock_ledger import LockLedger, LockState, owner_scope
+from sglang_pd.srt.mem_cache.page_math import RequestKind, kv_to_page_num
+from sglang_pd.srt.mem_cache.prefix_len import check_for_prompt
 
 
 # The attribute holding a request's admission key: plans are kept per request object, not per rid, because
@@ -40,7 +41,7 @@ class AdmissionPlan:
     kind: RequestKind
     prompt_len: int
     page_size: int
-    matched_len: int          # tokens the tree matched on device
+    matched_len: int          # tokens the tree matched on device (== decode_prefix_len; kept in /stats)
     decode_prefix_len: int    # page-aligned tokens reused; told to prefill
     num_new_pages: int        # pages to receive: ceil((prompt_len - decode_prefix_len) / page_size)
 
@@ -78,8 +79,8 @@ class DecodePrefixAdmission:
         owns the lock at once, PLANNED when an admission round holds it until the loop takes it.
 
         `match_fn` is SGLang's `match_kv_cache(req, tree, token_ids, max_prefix_len=...)`, which adopts
-        the hit as the request's prefix. Returns its MatchResult. Raises AdmissionError if the hit is
-        not page-aligned or longer than the prompt (the lock is then not taken).
+        the hit as the request's prefix. Returns its MatchResult. Raises AdmissionError if the hit breaks
+        prefix_len.check_for_prompt (not page-aligned, longer than the prompt): the lock is then not taken.
         """
         self._release_stale_lock(req, tree_cache)
         skip = kind is not RequestKind.NORMAL
@@ -88,21 +89,20 @@ class DecodePrefixAdmission:
         result = match_fn(req, tree_cache, req.origin_input_ids, max_prefix_len=0 if skip else max_prefix_len)
         page_size = int(tree_cache.page_size)
         prompt_len = len(req.origin_input_ids)
-        matched = int(result.device_prefix_len)
-        prefix_len = page_align_floor(matched, page_size)
+        # The whole device match is reused: locked, and told to prefill. The rule needs it page-aligned.
+        decode_prefix_len = int(result.device_prefix_len)
         try:
-            if prefix_len != matched:
-                raise ValueError(f"tree matched {matched} tokens, not a multiple of page size {page_size}")
-            check_decode_prefix_len(prefix_len, prompt_len, page_size)
+            check_for_prompt(decode_prefix_len, prompt_len, page_size)
         except ValueError as exc:
-            raise AdmissionError(f"decode admission of {req.rid}: {exc}") from exc
-        if prefix_len == 0:
+            raise AdmissionError(f"decode admission of {req.rid}: the tree's match breaks the rule: {exc}") from exc
+        if decode_prefix_len == 0:
             req.lock = None  # nothing to protect; a root lock would only be one more to lose
         else:
-            with owner_scope(str(req.rid), num_tokens=matched, state=state):
+            with owner_scope(str(req.rid), num_tokens=decode_prefix_len, state=state):
                 req.lock = tree_cache.lock(result.last_device_node)
-        self._record_plan(self._key(req), AdmissionPlan(str(req.rid), kind, prompt_len, page_size, matched, prefix_len,
-                                        kv_to_page_num(prompt_len - prefix_len, page_size)))
+        self._record_plan(self._key(req), AdmissionPlan(
+            str(req.rid), kind, prompt_len, page_size, decode_prefix_len, decode_prefix_len,
+            kv_to_page_num(prompt_len - decode_prefix_len, page_size)))
         return result
 
     def _release_stale_lock(self, req: Any, tree_cache: Any) -> None:

@@ -43,10 +43,10 @@ logger = logging.getLogger(__name__)
 class RoundSizer(Protocol):
     """Token sizes of one admission round (read-only except `evict`)."""
 
-    def alloc_tokens(self, req: Any, prefix_len: int) -> int:
-        """Token slots preallocation will take for `req` past its `prefix_len` (page-rounded)."""
+    def alloc_tokens(self, req: Any, decode_prefix_len: int) -> int:
+        """Token slots preallocation will take for `req` past its `decode_prefix_len` (page-rounded)."""
 
-    def admission_tokens(self, req: Any, alloc_tokens: int, prefix_len: int) -> int:
+    def admission_tokens(self, req: Any, alloc_tokens: int, decode_prefix_len: int) -> int:
         """Tokens `req` must find in the budget to be admitted (alloc plus decode headroom)."""
 
     def budget(self, num_planned: int) -> int:
@@ -116,9 +116,9 @@ class AdmissionRound:
             result = self.admission.match_and_lock(req, tree_cache, request_kind(req), match_fn,
                                                    state=LockState.PLANNED)
             self._matches[id(req)] = (req, result)  # from here on close() releases it
-            prefix_len = self.admission.plan_for(req).decode_prefix_len
-            alloc = sizer.alloc_tokens(req, prefix_len)
-            if sizer.admission_tokens(req, alloc, prefix_len) > sizer.budget(len(rids)) - num_alloc:
+            decode_prefix_len = self.admission.plan_for(req).decode_prefix_len
+            alloc = sizer.alloc_tokens(req, decode_prefix_len)
+            if sizer.admission_tokens(req, alloc, decode_prefix_len) > sizer.budget(len(rids)) - num_alloc:
                 del self._matches[id(req)]
                 self._unlock(req)
                 refused = 1
@@ -191,11 +191,11 @@ class PoolSizer:
         self.allocator = allocator
         self.reserve_per_req = reserve_per_req
 
-    def alloc_tokens(self, req: Any, prefix_len: int) -> int:
+    def alloc_tokens(self, req: Any, decode_prefix_len: int) -> int:
         page_size = self.allocator.page_size
-        return kv_to_page_num(len(req.origin_input_ids) - prefix_len, page_size) * page_size
+        return kv_to_page_num(len(req.origin_input_ids) - decode_prefix_len, page_size) * page_size
 
-    def admission_tokens(self, req: Any, alloc_tokens: int, prefix_len: int) -> int:
+    def admission_tokens(self, req: Any, alloc_tokens: int, decode_prefix_len: int) -> int:
         return alloc_tokens + self.reserve_per_req
 
     def budget(self, num_planned: int) -> int:

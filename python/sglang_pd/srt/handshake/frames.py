@@ -47,6 +47,7 @@ from sglang_pd.srt.handshake.dcp_frames import relayout_geometry, staging_and_dc
 from sglang_pd.srt.handshake.fields import FrameError, IndexSpan
 from sglang_pd.srt.handshake.room_decline import MARKER as DECLINE_MARKER
 from sglang_pd.srt.handshake.room_decline import DeclineError, parse_decline
+from sglang_pd.srt.mem_cache.prefix_len import check_in_pool
 
 NIXL_GUARD = b"NixlMsgGuard"
 MAX_FRAMES = 32
@@ -102,11 +103,6 @@ class FrameLimits:
     dcp_rank: int = 0
     dcp_relayout_token_bytes: tuple[int, ...] | None = None  # relayout possible: non-draft entries' bytes/token
     state_types: tuple[str, ...] = ()  # prefill: its own state types, in order (how it reads each state index list)
-
-    @property
-    def max_prefix_tokens(self) -> int:
-        """The longest decode_prefix_len a request can have: the pool's token capacity."""
-        return self.max_kv_pages * self.page_size
 
 
 class Verdict(NamedTuple):
@@ -339,9 +335,14 @@ def _transfer_info_head(msg, limits, reader, peer_check) -> None:
 
 
 def _decode_prefix_len(frame: bytes, limits: FrameLimits) -> None:
-    """A number within the pool; alignment and the prompt bound are checked per request, where the
-    prompt is known (prefill_guard, at finalize_bootstrap: the rejection is recorded with its request)."""
-    ff.optional_int(frame, "decode_prefix_len", 0, limits.max_prefix_tokens)
+    """A number within the pool (mem_cache/prefix_len.py: check_in_pool); the prompt rule is checked per
+    request at finalize_bootstrap, where the prompt is known and the rejection is recorded with it."""
+    value = ff.optional_int(frame, "decode_prefix_len", -(10**19), 10**19)  # any integer frame: the rule judges
+    if value is not None:
+        try:
+            check_in_pool(value, limits.max_kv_pages, limits.page_size)
+        except ValueError as exc:
+            raise FrameError(str(exc)) from None
 
 
 def _mooncake_transfer_info(msg, limits, reader):

@@ -11,32 +11,36 @@ from __future__ import annotations
 
 import logging
 
-from sglang_pd.srt.mem_cache.prefix_len import validate_decode_prefix_len
 from sglang_pd.srt.fault_injection import Fault
 from sglang_pd.srt.hooks.common_conn import fail_declined_room
 from sglang_pd.srt.mem_cache.page_math import RequestKind, request_kind
+from sglang_pd.srt.mem_cache.prefix_len import check_for_prompt
 from sglang_pd.srt.state import current
 
 logger = logging.getLogger(__name__)
 
 
 def around_finalize_bootstrap(original, queue, req):
-    """Reject a transfer info sent for another prompt (prompt_binding.py) or a bad decode_prefix_len
-    through SGLang's failure path, before any page is sent; else record the bootstrap and go on."""
+    """Reject a transfer info sent for another prompt (prompt_binding.py) or a decode_prefix_len that breaks
+    prefix_len.check_for_prompt through SGLang's failure path, before any page is sent; else record the
+    bootstrap and go on."""
     state = current()
     sender = req.disagg_kv_sender
     room = int(req.bootstrap_room)
     if _held_by_fault(state, queue, req, room):
         return False  # SGLang's own "not yet": the request stays in the bootstrap queue, bootstrapped
     page_size = int(queue.scheduler.token_to_kv_pool_allocator.page_size)
-    asked = sender.kv_mgr.req_to_decode_prefix_len.get(room, 0)
+    decode_prefix_len = sender.kv_mgr.req_to_decode_prefix_len.get(room, 0)
     digests = state.peer_guard.digests
     real = request_kind(req) is RequestKind.NORMAL  # health checks / warmup: fake transfer, no transfer info
     reason = digests.check(room, req.origin_input_ids, sender) if digests is not None and real else None
     if reason is not None:
         state.counters.add("prompt_digest_mismatches_total")
     else:
-        reason = validate_decode_prefix_len(asked, len(req.origin_input_ids), page_size).reason
+        try:
+            check_for_prompt(decode_prefix_len, len(req.origin_input_ids), page_size)
+        except ValueError as exc:  # only a broken or hostile decode sends it: this request fails, no other
+            reason = f"sglang_pd: rejected by prefill: {exc}"
     if reason is not None:
         logger.error("%s (request %s, room %s)", reason, req.rid, room)
         state.prefill_log.record_rejection(room, str(req.rid), reason)

@@ -1,11 +1,4 @@
-"""Decode-local prefill: when decode already holds almost the whole prompt, decode computes the rest.
-
-The decision is taken on decode after admission matched, locked and preallocated the request, and
-before its transfer info reaches prefill (with SGLang's defaults prefill computes nothing until that
-info arrives): uncached = prompt_len - decode_prefix_len. The request is served locally when
-0 < uncached <= `threshold`, unless it needs what only prefill's half returns or what the local
-extend does not run (then it goes to prefill as before, counted by `FallbackReason`). Threshold 0 is
-off: nothing is decided, nothing counted, every request takes the PD path.
+"""The decode-local prefill queue: requests decided local (decision.py) wait here for their extend.
 
 Lifecycle of a local request (one table, `TRANSITIONS`):
 
@@ -36,28 +29,11 @@ import enum
 import time
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Any, Callable, Iterable
 
+from sglang_pd.srt.local_prefill.decision import FallbackReason, LocalDecision, decide
+from sglang_pd.srt.mem_cache.page_math import RequestKind
 from sglang_pd.srt.metrics.pd_metrics import PDCounters
-
-
-class FallbackReason(str, enum.Enum):
-    """Why a request within the threshold still goes to prefill (counter local_prefill_fallback_<value>_total)."""
-
-    INPUT_LOGPROBS = "input_logprobs"            # prompt logprobs: only prefill's half returns them
-    FULL_PREFIX_HIT = "full_prefix_hit"          # nothing to extend: the first token needs the last prompt position
-    UNSUPPORTED_REQUEST = "unsupported_request"  # grammar, multimodal, embeddings, LoRA, hidden states...
-    DECLINE_UNSENT = "decline_unsent"            # prefill could not be told to drop the room: it computes it
-    DUPLICATE_RID = "duplicate_rid"              # another live local request has this rid (records are per rid)
-
-
-class LocalDecision(NamedTuple):
-    """What decode does with one request."""
-
-    local: bool
-    num_uncached: int
-    fallback: FallbackReason | None  # set when the request was within the threshold but goes to prefill
-    detail: str = ""                 # which unsupported feature, for the log
 
 
 class LocalState(str, enum.Enum):
@@ -102,21 +78,6 @@ class LocalRecord:
     req: Any = field(default=None, repr=False)
 
 
-def decide(threshold: int, prompt_len: int, decode_prefix_len: int, wants_input_logprobs: bool,
-           unsupported: str | None) -> LocalDecision:
-    """Local or PD for one admitted request (pure). `unsupported`: the feature the local extend lacks."""
-    uncached = prompt_len - decode_prefix_len
-    if threshold <= 0 or uncached > threshold:
-        return LocalDecision(False, uncached, None)
-    if uncached <= 0:
-        return LocalDecision(False, uncached, FallbackReason.FULL_PREFIX_HIT)
-    if wants_input_logprobs:
-        return LocalDecision(False, uncached, FallbackReason.INPUT_LOGPROBS)
-    if unsupported:
-        return LocalDecision(False, uncached, FallbackReason.UNSUPPORTED_REQUEST, unsupported)
-    return LocalDecision(True, uncached, None)
-
-
 class LocalPrefill:
     """The decode scheduler's local-prefill queue, its one in-flight extend, and their records.
 
@@ -148,10 +109,12 @@ class LocalPrefill:
         return self.threshold > 0
 
     # ---- decision --------------------------------------------------------------------------------
-    def decide(self, prompt_len: int, decode_prefix_len: int, wants_input_logprobs: bool,
-               unsupported: str | None) -> LocalDecision:
-        """`decide(...)` with this queue's threshold; counts a fallback by its reason."""
-        decision = decide(self.threshold, prompt_len, decode_prefix_len, wants_input_logprobs, unsupported)
+    def decide(self, req: Any, decode_prefix_len: int, kind: RequestKind = RequestKind.NORMAL,
+               is_rebootstrap: bool = False) -> LocalDecision:
+        """decision.decide with this queue's threshold and whether `req.rid` is live here; counts a
+        fallback by its reason."""
+        decision = decide(self.threshold, req, decode_prefix_len, kind=kind, is_rebootstrap=is_rebootstrap,
+                          rid_is_live=self.rid_is_live(req.rid))
         if decision.fallback is not None:
             self.counters.add(f"local_prefill_fallback_{decision.fallback.value}_total")
         return decision

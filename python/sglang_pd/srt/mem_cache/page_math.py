@@ -1,4 +1,5 @@
-"""Page math shared by decode admission and prefill transfer planning.
+"""Page math shared by decode admission and prefill transfer planning (the rules for decode_prefix_len
+are prefix_len.py's).
 
 All lengths are token counts; all functions are pure (no mutation) and raise ValueError on
 arguments that cannot describe a KV layout (page_size < 1, negative lengths).
@@ -9,14 +10,15 @@ from __future__ import annotations
 import enum
 
 
-def _check_page_size(page_size: int) -> None:
+def check_page_size(page_size: int) -> None:
+    """Raise ValueError unless page_size >= 1."""
     if page_size < 1:
         raise ValueError(f"page_size must be >= 1, got {page_size}")
 
 
 def page_align_floor(num_tokens: int, page_size: int) -> int:
     """Largest multiple of `page_size` that is <= `num_tokens`."""
-    _check_page_size(page_size)
+    check_page_size(page_size)
     if num_tokens < 0:
         raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
     return num_tokens - num_tokens % page_size
@@ -24,7 +26,7 @@ def page_align_floor(num_tokens: int, page_size: int) -> int:
 
 def kv_to_page_num(num_tokens: int, page_size: int) -> int:
     """Pages needed to hold `num_tokens` tokens (ceil division)."""
-    _check_page_size(page_size)
+    check_page_size(page_size)
     if num_tokens < 0:
         raise ValueError(f"num_tokens must be >= 0, got {num_tokens}")
     return -(-num_tokens // page_size)
@@ -33,20 +35,6 @@ def kv_to_page_num(num_tokens: int, page_size: int) -> int:
 def bytes_per_page(kv_args) -> int:
     """Bytes one KV page occupies over all layers (K and V): the sum of SGLang's kv_item_lens."""
     return int(sum(kv_args.kv_item_lens))
-
-
-def check_decode_prefix_len(decode_prefix_len: int, prompt_len: int, page_size: int) -> None:
-    """Raise ValueError naming the problem unless 0 <= decode_prefix_len <= prompt_len, page-aligned."""
-    _check_page_size(page_size)
-    if not isinstance(decode_prefix_len, int) or isinstance(decode_prefix_len, bool):
-        raise ValueError(f"decode_prefix_len must be an int, got {type(decode_prefix_len).__name__}")
-    if decode_prefix_len < 0:
-        raise ValueError(f"decode_prefix_len {decode_prefix_len} is negative")
-    if decode_prefix_len > prompt_len:
-        raise ValueError(f"decode_prefix_len {decode_prefix_len} exceeds the prompt length {prompt_len}")
-    if decode_prefix_len % page_size:
-        raise ValueError(
-            f"decode_prefix_len {decode_prefix_len} is not aligned to page size {page_size}")
 
 
 def request_kv_len(req) -> int:

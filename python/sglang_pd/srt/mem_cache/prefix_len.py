@@ -1,29 +1,44 @@
-"""Prefill-side validation of what a decode peer asked for, before any KV is sent.
+"""The rules for `decode_prefix_len`: the prompt tokens decode already holds and prefill skips.
 
-A decode_prefix_len that is negative, not page-aligned or longer than the prompt can only come from
-a broken or hostile decode server. The request is failed through SGLang's own failure path
-(`conclude_failure`: reason recorded, room marked failed, decode told), so the client gets a clear
-error, decode releases its lock and pages, and every other request keeps being served.
+Invariant (every request that reaches a transfer):
+
+    0 <= decode_prefix_len <= prompt_len   and   decode_prefix_len % page_size == 0
+
+so prefill sends exactly the pages past it, `ceil((prompt_len - decode_prefix_len) / page_size)`, and
+never writes into a page decode's tree owns. Two checks of it, one per place the facts are known:
+
+  `check_in_pool`    the wire schema (srt/handshake/frames.py), before the prompt is known: a number a
+                     pool this size can hold, 0 <= decode_prefix_len <= max_kv_pages * page_size.
+  `check_for_prompt` the whole invariant, where the prompt is known: decode admission
+                     (srt/admission/decode_admission.py) on the tree's match before it locks it, and
+                     prefill (srt/hooks/prefill.py, at finalize_bootstrap) on what decode sent.
+
+A value that breaks it on prefill can only come from a broken or hostile decode: prefill fails that
+request through SGLang's failure path (reason recorded, decode told); on decode it is a tree bug,
+and admission falls back to SGLang's own path. Both functions are pure and raise ValueError only.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
-
-from sglang_pd.srt.mem_cache.page_math import check_decode_prefix_len
+from sglang_pd.srt.mem_cache.page_math import check_page_size
 
 
-class PrefixVerdict(NamedTuple):
-    """Outcome of validating one request's decode_prefix_len."""
+def check_in_pool(decode_prefix_len: int, max_kv_pages: int, page_size: int) -> None:
+    """Raise ValueError unless 0 <= decode_prefix_len <= the pool's token capacity (max_kv_pages pages)."""
+    check_page_size(page_size)
+    max_len = max_kv_pages * page_size
+    if not 0 <= decode_prefix_len <= max_len:
+        raise ValueError(f"decode_prefix_len {decode_prefix_len} is outside [0, {max_len}]")
 
-    ok: bool
-    reason: str | None
 
-
-def validate_decode_prefix_len(decode_prefix_len, prompt_len: int, page_size: int) -> PrefixVerdict:
-    """Accept or reject (with a reason naming the value and the rule) a decode_prefix_len."""
-    try:
-        check_decode_prefix_len(decode_prefix_len, prompt_len, page_size)
-    except ValueError as exc:
-        return PrefixVerdict(False, f"sglang_pd: rejected by prefill: {exc}")
-    return PrefixVerdict(True, None)
+def check_for_prompt(decode_prefix_len: int, prompt_len: int, page_size: int) -> None:
+    """Raise ValueError naming the broken part of the invariant (an int, >= 0, <= prompt_len, page-aligned)."""
+    check_page_size(page_size)
+    if not isinstance(decode_prefix_len, int) or isinstance(decode_prefix_len, bool):
+        raise ValueError(f"decode_prefix_len must be an int, got {type(decode_prefix_len).__name__}")
+    if decode_prefix_len < 0:
+        raise ValueError(f"decode_prefix_len {decode_prefix_len} is negative")
+    if decode_prefix_len > prompt_len:
+        raise ValueError(f"decode_prefix_len {decode_prefix_len} exceeds the prompt length {prompt_len}")
+    if decode_prefix_len % page_size:
+        raise ValueError(f"decode_prefix_len {decode_prefix_len} is not aligned to page size {page_size}")
