@@ -36,7 +36,7 @@ import threading
 from sglang_pd.config import PEER_SECRET_FILE
 from sglang_pd.srt.auth import curve_keys
 from sglang_pd.srt.handshake.sockets import Between, GuardedSocket, HeldRooms, SigningSocket
-from sglang_pd.srt.handshake.frames import FrameLimits, Side
+from sglang_pd.srt.handshake.fields import FrameLimits, Side
 from sglang_pd.srt.handshake.gate import HandshakeGate
 from sglang_pd.srt.handshake.manager_host import ManagerHost, registered_targets
 from sglang_pd.srt.handshake.pool_bounds import bounds_frame, bounds_of
