@@ -27,7 +27,7 @@ from sglang_pd.srt.local_prefill.queue import FallbackReason, LocalDecision
 from sglang_pd.srt.metrics.request_fields import PATH_DECODE_LOCAL, attach_request_fields
 from sglang_pd.srt.handshake.room_decline import DeclineNotice
 from sglang_pd.srt.fault_injection import Fault
-from sglang_pd.srt.hooks.common_conn import send_decline
+from sglang_pd.srt.handshake.decline_delivery import send_decline
 from sglang_pd.srt.hooks.takeover import owns_decode_queue
 from sglang_pd.srt.mem_cache.page_math import RequestKind, bytes_per_page, kv_to_page_num, request_kind
 from sglang_pd.srt.state import current
