@@ -11,8 +11,9 @@ import zmq
 
 from sglang_pd.harness.hostile_peer import PeerIdentity, PeerSocket, Templates
 from sglang_pd.srt.handshake.sockets import GuardedSocket, SigningSocket
-from sglang_pd.srt.handshake.frames import FrameLimits, Side
-from sglang_pd.srt.handshake.gate import HandshakeGate, PeerRecord, PeerRemoval
+from sglang_pd.srt.handshake.fields import FrameLimits, Side
+from sglang_pd.srt.handshake.gate import HandshakeGate
+from sglang_pd.srt.handshake.gate_host import PeerRecord, PeerRemoval
 from sglang_pd.srt.auth.peer_auth import PeerAuth
 from sglang_pd.srt.handshake.room_expiry import RoomTombstones, UnclaimedRooms
 
@@ -202,7 +203,7 @@ def test_decode_side_aux_data_needs_a_waiting_room():
 
 def test_one_log_line_per_peer(caplog):
     g = gate(Host())
-    with caplog.at_level(logging.WARNING, logger="sglang_pd.srt.handshake.gate"):
+    with caplog.at_level(logging.WARNING, logger="sglang_pd.srt.handshake.gate_tally"):
         for peer in ("10.0.0.1", "10.0.0.1", "10.0.0.1", "10.0.0.2"):
             g.admit([b"None"], peer)
     lines = [r.getMessage() for r in caplog.records]

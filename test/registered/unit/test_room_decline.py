@@ -8,7 +8,9 @@ import pytest
 
 from sglang_pd.srt.handshake.room_decline import (DeclineError, DeclineNotice, RoomDeclineTable,
                                                        decline_frames, parse_decline)
-from sglang_pd.srt.handshake.frames import FrameLimits, MessageKind, Side, check_message
+from sglang_pd.srt.handshake.catalogue import MessageKind
+from sglang_pd.srt.handshake.fields import FrameLimits, Side
+from sglang_pd.srt.handshake.frames import check_message
 from sglang_pd.srt.metrics.pd_metrics import PDCounters
 
 pytestmark = pytest.mark.unit

@@ -1,20 +1,15 @@
 """The staging and DCP (decode context parallel) frames of a registration, and the DCP pairings a rank
 can serve. SGLang 0.5.23 checks the pairing in the bootstrap thread (`requires_dcp_relayout`) and raises
 on any other, which ends that thread; `staging_and_dcp` refuses those pairings first. Used by
-`handshake_frames` for mooncake and NIXL registrations."""
+`prefill_schemas` for mooncake and NIXL registrations."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from sglang_pd.srt.handshake import fields as ff
-from sglang_pd.srt.handshake.fields import FrameError
-
-if TYPE_CHECKING:
-    from sglang_pd.srt.handshake.frames import FrameLimits
+from sglang_pd.srt.handshake.fields import FrameError, FrameLimits
 
 
-def staging_and_dcp(msg, staging_at: int, dcp_at: int, limits: "FrameLimits") -> int:
+def staging_and_dcp(msg, staging_at: int, dcp_at: int, limits: FrameLimits) -> int:
     """Check the staging and DCP frames; the peer's DCP size as upstream reads it."""
     if len(msg) > staging_at and len(msg[staging_at]) not in (0, 8):
         raise FrameError(f"staging base pointer frame has {len(msg[staging_at])} bytes, not 0 or 8")
@@ -27,7 +22,7 @@ def staging_and_dcp(msg, staging_at: int, dcp_at: int, limits: "FrameLimits") ->
     return size
 
 
-def dcp_pairing(size: int, rank: int, limits: "FrameLimits") -> None:
+def dcp_pairing(size: int, rank: int, limits: FrameLimits) -> None:
     """The pairings upstream's `requires_dcp_relayout` accepts; any other raises in its reading thread."""
     if size == limits.dcp_size:
         if rank != limits.dcp_rank:
@@ -38,7 +33,7 @@ def dcp_pairing(size: int, rank: int, limits: "FrameLimits") -> None:
         raise FrameError(f"peer DCP size {size} cannot pair with this rank's DCP size {limits.dcp_size}")
 
 
-def relayout_geometry(kv_item_len: int, limits: "FrameLimits") -> None:
+def relayout_geometry(kv_item_len: int, limits: FrameLimits) -> None:
     """Mooncake's DCP relayout: upstream requires the peer's bytes per token to equal each entry's."""
     token_bytes = kv_item_len // limits.page_size
     if any(token_bytes != own for own in limits.dcp_relayout_token_bytes):

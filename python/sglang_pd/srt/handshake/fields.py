@@ -1,4 +1,5 @@
-"""Checks of single handshake frames (bytes) before anything upstream decodes them.
+"""Checks of single handshake frames (bytes) before anything upstream decodes them, and the limits
+(`FrameLimits`, per rank socket `Side`) they are checked against: the lowest module of srt/handshake.
 
 Each function reads one frame, returns the typed value and raises `FrameError` (whose message names
 the field and the offending bytes, cut to 32) when the frame is not what a well-behaved peer sends.
@@ -7,8 +8,10 @@ All functions are pure and never raise anything else, whatever the bytes.
 
 from __future__ import annotations
 
+import enum
 import re
 import struct
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import numpy as np
@@ -16,6 +19,7 @@ import numpy as np
 MAX_ROOM = 2**63 - 1
 MAX_INT = 2**63 - 1  # any other non-negative integer field (sizes, generations)
 MAX_RANK = 4095  # prefill ranks, TP/DP/DCP sizes
+MAX_STATE_LISTS = 64  # state types one message may list (state pointers, state indices, pool bounds)
 _DIGITS = re.compile(rb"[0-9]{1,19}")
 _SIGNED = re.compile(rb"-?[0-9]{1,19}")
 # Host names, IPv4 and IPv6 literals (with or without brackets, with a zone id).
@@ -23,6 +27,35 @@ _HOST = re.compile(rb"[A-Za-z0-9._:%\[\]-]{1,255}")
 # NIXL agent names (SGLang uses a uuid4) and other identifiers a thread later looks up by name.
 _NAME = re.compile(rb"[A-Za-z0-9._:@-]{1,128}")
 KV_MEM_KINDS = (b"VRAM", b"DRAM")
+
+
+class Side(str, enum.Enum):
+    """Which rank socket: prefill's (decode writes to it) or decode's (prefill writes to it)."""
+
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+@dataclass(frozen=True)
+class FrameLimits:
+    """What this server's own pools allow a peer to name (built once from SGLang's KVArgs)."""
+
+    backend: str                  # "mooncake" or "nixl"
+    side: Side
+    page_size: int
+    max_kv_pages: int             # pages one request can occupy: this server's whole KV pool
+    max_frame_bytes: int          # no legitimate frame is longer (NIXL agent metadata is the largest)
+    staging: bool = False         # SGLANG_DISAGG_STAGING_BUFFER: staging messages are legitimate
+    aux_item_lens: tuple[int, ...] = ()   # decode: bytes per aux slot, per aux buffer
+    aux_slots: tuple[int, ...] = ()       # decode: aux slots per aux buffer
+    # Prefill: this rank's decode-context-parallel place. Upstream's registration reader raises (and its
+    # thread ends) for a peer DCP it cannot pair with: same size but another rank, or another size
+    # unless it relays out (MLA prefill of DCP 1 to a larger decode DCP), then only with equal
+    # per-token KV bytes (mooncake checks them at registration).
+    dcp_size: int = 1
+    dcp_rank: int = 0
+    dcp_relayout_token_bytes: tuple[int, ...] | None = None  # relayout possible: non-draft entries' bytes/token
+    state_types: tuple[str, ...] = ()  # prefill: its own state types, in order (how it reads each state index list)
 
 
 class FrameError(ValueError):

@@ -4,7 +4,8 @@ In -> out: raw frames from one peer -> the frames SGLang may parse (auth trailer
 Steps, in order:
   1. authentication (when a secret is configured): missing, wrong, stale or replayed tags are refused
      and counted; nothing else happens (an impostor cannot fail a room by naming it);
-  2. schema (`handshake_frames.check_message`): every frame a reader later touches;
+  2. schema (`frames.check_message`, by the catalogue's entry for the message): every frame a reader
+     later touches;
   3. state: a transfer info must name a registered peer at the endpoint it registered (prefill's
      transfer worker looks it up), and its destination indices must lie inside the pools that peer
      registered (KV pages: NIXL's own page count, or our pool-bounds frame; aux slots: our frame; state
@@ -18,8 +19,9 @@ Steps, in order:
      registered peer; a room not created yet is remembered and failed when it appears).
 Prefill: a transfer info's trailing prompt-digest frame (ours, prompt_binding.py) is taken off before
 step 2 and recorded for its room once admitted; so is a registration's trailing pool-bounds frame (ours,
-pool_bounds.py), recorded for its peer. SGLang never sees either.
-A rejection is logged once per peer (with its reason) and counted per reason; no thread ends.
+pool_bounds.py), recorded for its peer (peer_book.py). SGLang never sees either; the catalogue says which
+kinds may carry each (catalogue.py), any other kind ending with one is refused.
+A rejection is logged once per peer (with its reason) and counted per reason (gate_tally.py); no thread ends.
 Admitted transfer infos are tracked so rooms nobody claims expire (`room_expiry.UnclaimedRooms`).
 
 Used from one thread (the rank socket's reader); `snapshot` may run on another (counts are copied
@@ -28,37 +30,26 @@ under a lock).
 
 from __future__ import annotations
 
-import base64
-import enum
 import logging
-import threading
 import time
-from collections import OrderedDict
-from dataclasses import dataclass, field
-from typing import Callable, NamedTuple, Protocol
+from typing import Callable, NamedTuple
 
-from sglang_pd.srt.handshake.frames import (MAX_FRAMES, FrameLimits, MessageKind, Side, Verdict,
-                                                           check_message)
-from sglang_pd.srt.handshake.fields import FrameError
-from sglang_pd.srt.auth.peer_auth import TRAILER_FRAMES, AuthFailure, PeerAuth
-from sglang_pd.srt.handshake.pool_bounds import PoolBounds, beyond_state_pools, split_bounds
+from sglang_pd.srt.auth.peer_auth import TRAILER_FRAMES, PeerAuth
+from sglang_pd.srt.handshake.catalogue import (AUTH_TRAILER, MAX_FRAMES, POOL_BOUNDS, PROMPT_DIGEST, MessageKind,
+                                               appended_frames, max_appended, side_appends)
+from sglang_pd.srt.handshake.fields import FrameError, FrameLimits, Side
+from sglang_pd.srt.handshake.frames import check_message
+from sglang_pd.srt.handshake.gate_host import GateHost, registered_endpoint
+from sglang_pd.srt.handshake.gate_tally import AUTH_TEXT, GateCounts, GateTally
+from sglang_pd.srt.handshake.peer_book import PEER_IDLE_S, PeerBook
+from sglang_pd.srt.handshake.pool_bounds import PoolBounds, split_bounds
 from sglang_pd.srt.handshake.prompt_binding import PromptDigests, split_digest
 from sglang_pd.srt.handshake.room_expiry import RoomTombstones, UnclaimedRooms
+from sglang_pd.srt.handshake.verdict import Verdict
 
 logger = logging.getLogger(__name__)
-MAX_PEERS_LOGGED = 1024
-PEER_IDLE_S = 600.0  # a registration no message used for this long may give its place to a new peer
-MAX_MESSAGE_FRAMES = MAX_FRAMES + TRAILER_FRAMES + 1  # the longest schema, our auth trailer, the prompt digest
-SUMMARY_INTERVAL_S = 60.0
-
-
-class PeerRecord(NamedTuple):
-    """What a registration told this server about a peer."""
-
-    endpoint: str
-    port: int
-    num_slots: int | None = None  # NIXL: pages the peer's pool has (index bound); None if unknown
-    state_slots: tuple[int, ...] | None = None  # NIXL: slots per state pool (pool_bounds.state_slots); None if unknown
+# the longest schema, the auth trailer, the frames we append (catalogue.py)
+MAX_MESSAGE_FRAMES = MAX_FRAMES + len(AUTH_TRAILER) + max_appended()
 
 
 class Screened(NamedTuple):
@@ -70,52 +61,6 @@ class Screened(NamedTuple):
     frame_problem: str | None    # why our digest or pool-bounds frame is unreadable
     verdict: Verdict
     pool: PoolBounds | None = None  # prefill: the pool-bounds frame of a registration
-
-
-class PeerRemoval(enum.Enum):
-    """What `GateHost.forget_peer` did."""
-
-    FORGOTTEN = "forgotten"   # removed from SGLang's registration table (and NIXL's remote agents)
-    IN_USE = "in_use"         # a room's transfer info still names it: kept
-    UNKNOWN = "unknown"       # not registered (SGLang did not store it, or it was forgotten before)
-
-
-class GateHost(Protocol):
-    """The KV manager as the gate sees it (implemented over SGLang's manager by the hook layer)."""
-
-    def registered_peer(self, name: str) -> PeerRecord | None: ...
-    def num_registered(self) -> int: ...
-    def endpoint_registered(self, target: tuple[str, int]) -> bool: ...
-    def room_claimed(self, room: int) -> bool: ...
-    def fail_room(self, room: int, reason: str, notify: tuple[str, int] | None) -> bool: ...
-    def drop_unclaimed(self, room: int, reason: str) -> bool: ...
-    def forget_peer(self, name: str) -> PeerRemoval: ...
-    def prune(self) -> None: ...
-    def send_drained_tells(self) -> tuple[list[int], list[int]]: ...
-
-
-@dataclass
-class GateCounts:
-    """Running totals (one source for /sglang_pd/stats and the Prometheus counters)."""
-
-    num_received: int = 0
-    num_admitted: int = 0
-    rejected: dict[str, int] = field(default_factory=dict)       # MessageKind -> count
-    auth_refused: dict[str, int] = field(default_factory=dict)   # AuthFailure -> count
-    num_rooms_failed: int = 0
-    num_unsigned_accepted: int = 0   # signed by a peer while this server has no secret (trailer stripped)
-    refused_after_admit: dict[str, int] = field(default_factory=dict)  # admitted here, refused by a later check
-    num_late_transfer_infos: int = 0  # prefill: transfer infos for a room its own request had failed
-    num_unread: int = 0  # dropped before their frames were read: more frames than any PD message (also in rejected)
-    num_out_of_pool: int = 0  # transfer infos naming an index beyond the registered pool (also in rejected)
-
-
-def registered_endpoint(registered_peer: Callable[[str], PeerRecord | None], name: str,
-                        target: tuple[str, int]) -> bool:
-    """True when peer `name` registered exactly `target` (endpoint, port): the only kind of address prefill
-    sends a room's status to, so no message can make it write where the message says (read-only)."""
-    record = registered_peer(name)
-    return record is not None and (record.endpoint, record.port) == target
 
 
 class HandshakeGate:
@@ -137,22 +82,20 @@ class HandshakeGate:
             f"decode's transfer info (SGLANG_PD_UNCLAIMED_ROOM_TTL_S) or its unclaimed-room caps were reached")
         self._on_count = on_count
         self.max_peers, self.peer_idle_s = max_peers, peer_idle_s
-        # peer name -> when an admitted registration or transfer info last named it, oldest first: a full
-        # registration table gives the longest-idle peer's place to a new one (a decode rank that restarted
-        # registers under a new name, and SGLang never forgets the old one)
-        self._peer_used: OrderedDict[str, float] = OrderedDict()
-        self._clock = clock
-        self.counts = GateCounts()
-        self._peers: OrderedDict[str, dict] = OrderedDict()
-        # peer name -> pool bounds its latest admitted registration carried (pool_bounds.py); bounded like
-        # `_peer_used`
-        self._pool_bounds: OrderedDict[str, PoolBounds] = OrderedDict()
-        self._lock = threading.Lock()
-        self._num_unlogged = 0
-        self._last_summary = clock()
-        # Test-only (fault injection on): the last admitted raw message of each kind, trailer included,
-        # so a test can replay real traffic byte for byte.
-        self.captured: dict[str, list[bytes]] | None = {} if capture else None
+        self.peers = PeerBook(host, max_peers, peer_idle_s, clock, on_count)
+        self.tally = GateTally(limits.side.value, clock, capture)
+        # the rank socket's messages that may end with our pool-bounds frame (catalogue.py)
+        self._bounds_expected = side_appends(limits.backend, limits.side, POOL_BOUNDS)
+
+    @property
+    def counts(self) -> GateCounts:
+        """The running totals (read under `tally.lock` for a consistent copy)."""
+        return self.tally.counts
+
+    @property
+    def captured(self) -> dict[str, list[bytes]] | None:
+        """Test-only: the last admitted raw message of each kind (None unless capturing)."""
+        return self.tally.captured
 
     # ---- entry points ---------------------------------------------------------------------------------
     def admit(self, msg: list[bytes], peer: str) -> list[bytes] | None:
@@ -162,11 +105,10 @@ class HandshakeGate:
         return None if screened is None else self.decide(screened, peer)
 
     def screen(self, msg: list[bytes], peer: str) -> Screened | None:
-        """Steps 1-2 and the digest frame: what reads no room state, and costs the most on a large message
+        """Steps 1-2 and our appended frames: what reads no room state, and costs the most on a large message
         (the MAC over every frame, the schema). A reader may run it before taking its hold, so a stranger's
         large message does not keep SGLang's clears waiting. None: refused by authentication (counted)."""
-        with self._lock:
-            self.counts.num_received += 1
+        self.tally.add("num_received")
         body = self._authenticate(msg, peer)
         if body is None:
             return None
@@ -176,7 +118,7 @@ class HandshakeGate:
                 body, digest = split_digest(body)
             except FrameError as exc:
                 body, problem = list(body[:-1]), str(exc)
-        if self.limits.side is Side.PREFILL and problem is None:
+        if self._bounds_expected and problem is None:
             try:
                 body, pool = split_bounds(body)
             except FrameError as exc:
@@ -187,12 +129,7 @@ class HandshakeGate:
         """Steps 3-4 for a screened message: room and peer state, then admit (recorded) or reject (its room
         failed). Reads and changes SGLang's room tables: run where no clear can land (the reader's hold)."""
         msg, body, digest, frame_problem, verdict, pool = screened
-        if frame_problem is None and digest is not None and verdict.kind is not MessageKind.TRANSFER_INFO:
-            frame_problem = f"a prompt digest frame ends a {verdict.kind.value} message"
-        if frame_problem is None and pool is not None and verdict.kind is not MessageKind.REGISTRATION:
-            frame_problem = f"a pool bounds frame ends a {verdict.kind.value} message"
-        reason = verdict.reason or (frame_problem and f"{verdict.kind.value} for room {verdict.room}: "
-                                    f"{frame_problem}") or self._state_problem(verdict)
+        reason = verdict.reason or self._appended_problem(screened) or self._state_problem(verdict)
         late = None if reason is not None else self._failed_here(verdict)
         reason = reason or late
         if reason is None and verdict.kind is MessageKind.TRANSFER_INFO and self.digests is not None:
@@ -203,13 +140,11 @@ class HandshakeGate:
         if verdict.kind is MessageKind.TRANSFER_INFO and self.unclaimed is not None:
             self.unclaimed.note(verdict.room, sum(map(len, body)))
         if verdict.kind in (MessageKind.REGISTRATION, MessageKind.TRANSFER_INFO) and verdict.peer_name is not None:
-            self._note_used(verdict.peer_name)
+            self.peers.note_used(verdict.peer_name)
         if verdict.kind is MessageKind.REGISTRATION and verdict.peer_name is not None:
-            self._note_bounds(verdict.peer_name, pool)
-        with self._lock:
-            self.counts.num_admitted += 1
-            if self.captured is not None:
-                self.captured[verdict.kind.value] = list(msg)
+            self.peers.note_bounds(verdict.peer_name, pool)
+        self.tally.add("num_admitted")
+        self.tally.capture(verdict.kind.value, msg)
         return body
 
     def refuse_unread(self, num_frames: int, peer: str) -> bool:
@@ -217,9 +152,8 @@ class HandshakeGate:
         read from it unread) when it has more frames than any PD message plus the auth trailer and digest."""
         if num_frames <= MAX_MESSAGE_FRAMES:
             return False
-        with self._lock:
-            self.counts.num_received += 1
-            self.counts.num_unread += 1
+        self.tally.add("num_received")
+        self.tally.add("num_unread")
         self._count_rejection(MessageKind.UNKNOWN, f"{num_frames} frames, more than any PD message has "
                                                    f"({MAX_MESSAGE_FRAMES} with the auth trailer and digest)", peer)
         return True
@@ -245,41 +179,42 @@ class HandshakeGate:
                 self._on_count("unclaimed_rooms_expired_total", len(dropped))
                 logger.warning("sglang_pd: dropped transfer infos of %d room(s) no request claimed within %.0f s "
                                "(e.g. room %s)", len(dropped), self.unclaimed.ttl_s, dropped[0])
-        now = self._clock()
-        if self._num_unlogged and now - self._last_summary >= SUMMARY_INTERVAL_S:
-            logger.warning("sglang_pd: %d more handshake message(s) dropped on the %s rank socket since the last "
-                           "report; per-peer counts in /sglang_pd/stats (handshake)", self._num_unlogged,
-                           self.limits.side.value)
-            self._num_unlogged, self._last_summary = 0, now
+        self.tally.log_summary()
         return dropped
 
     def count_external_rejection(self, kind: str) -> None:
         """Count a message this gate admitted that a later check refused (NIXL's metadata parse)."""
-        with self._lock:
-            table = self.counts.refused_after_admit
-            table[kind] = table.get(kind, 0) + 1
+        self.tally.add_to("refused_after_admit", kind)
 
     # ---- steps ----------------------------------------------------------------------------------------
     def _authenticate(self, msg: list[bytes], peer: str) -> list[bytes] | None:
         if self.auth is None:
             if PeerAuth.has_trailer(msg):
-                with self._lock:
-                    self.counts.num_unsigned_accepted += 1
-                self._note_peer(peer, "sglang_pd: a peer signs its messages but this server has no "
-                                      "SGLANG_PD_PEER_SECRET_FILE (accepted unverified; set the same secret on every "
-                                      "PD server)", "unsigned")
+                self.tally.add("num_unsigned_accepted")
+                self.tally.note_peer(peer, "sglang_pd: a peer signs its messages but this server has no "
+                                           "SGLANG_PD_PEER_SECRET_FILE (accepted unverified; set the same secret on "
+                                           "every PD server)", "unsigned")
                 return list(msg[:-TRAILER_FRAMES])
             return msg
         verdict = self.auth.verify_frames(msg)
         if verdict.failure is None:
             return verdict.frames
-        with self._lock:
-            key = verdict.failure.value
-            self.counts.auth_refused[key] = self.counts.auth_refused.get(key, 0) + 1
+        self.tally.add_to("auth_refused", verdict.failure.value)
         self._on_count("peer_auth_refused_total", 1)
-        self._note_peer(peer, f"sglang_pd: {self.limits.side.value} refused a message: {_AUTH_TEXT[verdict.failure]}",
-                        verdict.failure.value)
+        self.tally.note_peer(peer, f"sglang_pd: {self.limits.side.value} refused a message: "
+                                   f"{AUTH_TEXT[verdict.failure]}", verdict.failure.value)
         return None
+
+    def _appended_problem(self, screened: Screened) -> str | None:
+        """Why the frames taken off a message are wrong for its kind: unreadable, or one the catalogue does
+        not list for that kind (a digest ends transfer infos only, pool bounds registrations only)."""
+        verdict, problem = screened.verdict, screened.frame_problem
+        allowed = appended_frames(self.limits.backend, self.limits.side, verdict.kind)
+        for frame, found, what in ((PROMPT_DIGEST, screened.digest, "a prompt digest frame"),
+                                   (POOL_BOUNDS, screened.pool, "a pool bounds frame")):
+            if problem is None and found is not None and frame not in allowed:
+                problem = f"{what} ends a {verdict.kind.value} message"
+        return problem and f"{verdict.kind.value} for room {verdict.room}: {problem}"
 
     def _state_problem(self, verdict: Verdict) -> str | None:
         kind = verdict.kind
@@ -290,15 +225,14 @@ class HandshakeGate:
             if (record.endpoint, record.port) != verdict.reply_to:
                 return (f"transfer info for room {verdict.room} names {verdict.reply_to}, but peer "
                         f"{verdict.peer_name!r} registered {(record.endpoint, record.port)}")
-            beyond = self._beyond_pool(verdict, record)
+            beyond = self.peers.beyond_pool(verdict, record, self.limits.state_types)
             if beyond is not None:
                 self._on_count("transfer_infos_out_of_pool_total", 1)
-                with self._lock:
-                    self.counts.num_out_of_pool += 1
+                self.tally.add("num_out_of_pool")
                 return beyond
         if kind is MessageKind.REGISTRATION:
             if (self.host.registered_peer(verdict.peer_name) is None and self.host.num_registered() >= self.max_peers
-                    and not self._forget_an_idle_peer()):
+                    and not self.peers.forget_an_idle_peer()):
                 return (f"registration of {verdict.peer_name!r} refused: {self.max_peers} peers already registered, "
                         f"none idle for {self.peer_idle_s:g} s")
         if (kind in _ANSWERED_AT_REPLY_TO and self.limits.side is Side.PREFILL and verdict.reply_to is not None
@@ -312,64 +246,6 @@ class HandshakeGate:
             return f"AUX_DATA for room {verdict.room}, which this decode is not waiting on"
         return None
 
-    def _beyond_pool(self, verdict: Verdict, record: PeerRecord) -> str | None:
-        """Why a transfer info of registered peer `record` names an index outside the pools it registered
-        (prefill computes base + index * item length from it), or None. KV pages: the smaller of NIXL's
-        own page count and our pool-bounds frame's; aux slots: the frame's; state slots: the smaller of NIXL's
-        own and the frame's, per state type (`pool_bounds.beyond_state_pools`). Unknown bounds are not checked."""
-        bounds = self._pool_bounds.get(verdict.peer_name)
-        known = [n for n in (record.num_slots, bounds and bounds.kv_pages) if n]
-        pages, aux_slots = min(known, default=None), (bounds.aux_slots if bounds else 0) or None
-        named = (("kv page indices", verdict.max_index, pages, "pages of its KV pool"),
-                 ("device kv indices", verdict.max_device_index, pages, "pages of its KV pool"),
-                 ("aux index", verdict.aux_index, aux_slots, "slots of its aux buffers"))
-        for what, index, bound, of in named:
-            if index is not None and bound is not None and index >= bound:
-                return (f"transfer info for room {verdict.room}: {what} names {index}, outside the {bound} {of} "
-                        f"peer {verdict.peer_name!r} registered")
-        state_known = [s for s in (record.state_slots, bounds.state_slots if bounds else None) if s is not None]
-        beyond = beyond_state_pools(verdict.state_spans, state_known, self.limits.state_types)
-        if beyond is None:
-            return None
-        return f"transfer info for room {verdict.room}: {beyond} peer {verdict.peer_name!r} registered"
-
-    def _note_bounds(self, name: str, pool: PoolBounds | None) -> None:
-        """An admitted registration of `name`: its pool bounds replace the old ones (none: forgotten)."""
-        self._pool_bounds.pop(name, None)
-        if pool is None:
-            return
-        self._pool_bounds[name] = pool
-        if len(self._pool_bounds) > 2 * self.max_peers:  # names SGLang did not store first, else the oldest
-            stale = next((n for n in self._pool_bounds if self.host.registered_peer(n) is None), None)
-            self._pool_bounds.pop(stale if stale is not None else next(iter(self._pool_bounds)))
-
-    def _note_used(self, name: str) -> None:
-        self._peer_used[name] = self._clock()
-        self._peer_used.move_to_end(name)
-        if len(self._peer_used) > 2 * self.max_peers:  # names SGLang did not store: the oldest such one out
-            stale = next((n for n in self._peer_used if self.host.registered_peer(n) is None), None)
-            self._peer_used.pop(stale if stale is not None else next(iter(self._peer_used)))
-
-    def _forget_an_idle_peer(self) -> bool:
-        """Free one place in the full registration table: the longest-idle registered peer that no room's
-        transfer info names, idle for at least `peer_idle_s` (counted, logged). False if none is."""
-        now = self._clock()
-        for name, used in list(self._peer_used.items()):
-            if now - used < self.peer_idle_s:
-                return False  # ordered: every later one was used more recently
-            removal = self.host.forget_peer(name)
-            if removal is PeerRemoval.IN_USE:
-                self._note_used(name)  # a room still names it: idle only from now
-                continue
-            del self._peer_used[name]
-            self._pool_bounds.pop(name, None)
-            if removal is PeerRemoval.FORGOTTEN:
-                self._on_count("handshake_peers_forgotten_total", 1)
-                logger.warning("sglang_pd: registration table full (%d peers): forgot peer %r, unused for %.0f s, "
-                               "for a new registration", self.max_peers, name, now - used)
-                return True
-        return False
-
     def _failed_here(self, verdict: Verdict) -> str | None:
         """Prefill: why a transfer info is too late, when its room's own request failed here and was cleared
         (no request claims the room now). SGLang would re-create the room and decode would hold its lock
@@ -380,8 +256,7 @@ class HandshakeGate:
         if why is None or self.host.room_claimed(verdict.room):
             return None
         self._on_count("late_transfer_infos_refused_total", 1)
-        with self._lock:
-            self.counts.num_late_transfer_infos += 1
+        self.tally.add("num_late_transfer_infos")
         return f"transfer info for room {verdict.room} arrived after prefill's request for it had failed: {why}"
 
     def _reject(self, verdict: Verdict, reason: str, peer: str, bury: bool = True) -> None:
@@ -394,17 +269,15 @@ class HandshakeGate:
         existed = self.host.fail_room(verdict.room, text, notify)
         if bury and not existed and self.tombstones is not None and self.limits.side is Side.PREFILL:
             self.tombstones.bury(verdict.room, text)
-        with self._lock:
-            self.counts.num_rooms_failed += 1
+        self.tally.add("num_rooms_failed")
         self._on_count("handshake_rooms_failed_total", 1)
 
     def _count_rejection(self, kind: MessageKind, reason: str, peer: str) -> str:
         """Count a rejected message of `kind` and log it once per peer; returns the logged text."""
-        with self._lock:
-            self.counts.rejected[kind.value] = self.counts.rejected.get(kind.value, 0) + 1
+        self.tally.add_to("rejected", kind.value)
         self._on_count("handshake_messages_rejected_total", 1)
         text = f"sglang_pd: rejected by {self.limits.side.value}: {reason}"
-        self._note_peer(peer, text, kind.value)
+        self.tally.note_peer(peer, text, kind.value)
         return text
 
     def _notify_target(self, verdict: Verdict) -> tuple[str, int] | None:
@@ -415,40 +288,12 @@ class HandshakeGate:
             return None
         return verdict.reply_to
 
-    def _note_peer(self, peer: str, text: str, key: str) -> None:
-        """Log the first event of each peer; count the rest (bounded table, oldest peer evicted)."""
-        with self._lock:
-            entry = self._peers.get(peer)
-            first = entry is None
-            if first:
-                entry = {"dropped": 0, "first": text, "by_reason": {}}
-                self._peers[peer] = entry
-                while len(self._peers) > MAX_PEERS_LOGGED:
-                    self._peers.popitem(last=False)
-            entry["dropped"] += 1
-            entry["last"] = text
-            entry["by_reason"][key] = entry["by_reason"].get(key, 0) + 1
-            if not first:
-                self._num_unlogged += 1
-        if first:
-            logger.warning("%s (peer %s; further messages from this peer are counted, not logged)", text, peer)
-
     def snapshot(self) -> dict:
         """Read-only view for /sglang_pd/stats."""
-        with self._lock:
-            counts = self.counts
-            view = {
-                "side": self.limits.side.value, "backend": self.limits.backend,
-                "auth": "hmac-sha256" if self.auth else "off",
-                "num_received": counts.num_received, "num_admitted": counts.num_admitted,
-                "rejected": dict(counts.rejected), "auth_refused": dict(counts.auth_refused),
-                "num_rooms_failed": counts.num_rooms_failed, "num_unsigned_accepted": counts.num_unsigned_accepted,
-                "refused_after_admit": dict(counts.refused_after_admit),
-                "num_late_transfer_infos": counts.num_late_transfer_infos, "num_unread": counts.num_unread,
-                "num_out_of_pool": counts.num_out_of_pool, "num_peers_with_pool_bounds": len(self._pool_bounds),
-                "peers": {p: {**e, "by_reason": dict(e["by_reason"])} for p, e in self._peers.items()},
-                "max_frame_bytes": self.limits.max_frame_bytes, "max_kv_pages": self.limits.max_kv_pages,
-            }
+        view = {"side": self.limits.side.value, "backend": self.limits.backend,
+                "auth": "hmac-sha256" if self.auth else "off", **self.tally.snapshot(),
+                "num_peers_with_pool_bounds": len(self.peers),
+                "max_frame_bytes": self.limits.max_frame_bytes, "max_kv_pages": self.limits.max_kv_pages}
         if self.unclaimed is not None:
             view["unclaimed_rooms"] = self.unclaimed.snapshot()
         if self.tombstones is not None:
@@ -457,22 +302,8 @@ class HandshakeGate:
             view["num_failed_rooms"] = len(self.failed_rooms)
         if self.digests is not None:
             view["prompt_digests"] = self.digests.snapshot()
-        if self.captured is not None:
-            with self._lock:
-                view["captured"] = {k: [base64.b64encode(f).decode() for f in m] for k, m in self.captured.items()}
         return view
 
 
 # Messages prefill answers at the address they carry (upstream's ABORT_ACK, a deferred bootstrap's status).
 _ANSWERED_AT_REPLY_TO = (MessageKind.ABORT, MessageKind.DECLINE, MessageKind.BOOTSTRAP)
-
-_AUTH_TEXT = {
-    AuthFailure.MISSING: "message has no auth tag (peer without SGLANG_PD_PEER_SECRET_FILE, or an impostor)",
-    AuthFailure.MALFORMED: "auth tag is malformed",
-    AuthFailure.UNKNOWN_KEY: "auth tag names a key this server does not hold (secret not rotated everywhere?)",
-    AuthFailure.BAD_MAC: "auth tag does not match (wrong secret, or the message was altered)",
-    AuthFailure.STALE: "auth timestamp outside the accepted window (replay, or clocks out of sync)",
-    AuthFailure.REPLAYED: "message replayed (nonce already seen)",
-    AuthFailure.OVERLOADED: "replay memory full; message refused",
-    AuthFailure.BEFORE_START: "auth timestamp before this process started (replay across a restart, or clocks out of sync)",
-}

@@ -21,8 +21,8 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
-from sglang_pd.srt.handshake.frames import FrameLimits, Side
-from sglang_pd.srt.handshake.gate import PeerRecord, PeerRemoval, registered_endpoint
+from sglang_pd.srt.handshake.fields import FrameLimits, Side
+from sglang_pd.srt.handshake.gate_host import PeerRecord, PeerRemoval, registered_endpoint
 from sglang_pd.srt.handshake.pool_bounds import state_slots
 
 
