@@ -18,7 +18,7 @@ import time
 from sglang_pd.srt.admission.room_renewal import mark_declined
 from sglang_pd.srt.fault_injection import Fault
 from sglang_pd.srt.handshake.room_decline import DeclineNotice
-from sglang_pd.srt.hooks.common_conn import send_decline
+from sglang_pd.srt.handshake.decline_delivery import send_decline
 from sglang_pd.srt.local_prefill.decision import FallbackReason, LocalDecision
 from sglang_pd.srt.mem_cache.page_math import RequestKind, bytes_per_page, kv_to_page_num, request_kind
 from sglang_pd.srt.metrics.request_fields import PATH_DECODE_LOCAL, attach_request_fields
