@@ -27,8 +27,8 @@ import zmq
 from sglang_pd.config import Settings
 from sglang_pd.harness.hostile_peer import PeerIdentity, Templates
 from sglang_pd.srt.handshake.sockets import GuardedSocket, SigningSocket
-from sglang_pd.srt.handshake.fields import FrameLimits, Side
-from sglang_pd.srt.handshake.frames import check_message
+from sglang_pd.srt.wire.fields import FrameLimits, Side
+from sglang_pd.srt.wire.frames import check_message
 from sglang_pd.srt.handshake.gate import HandshakeGate
 from sglang_pd.srt.handshake.gate_host import PeerRecord, PeerRemoval
 from sglang_pd.srt.auth.peer_auth import PeerAuth

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
-from sglang_pd.srt.handshake.catalogue import NIXL_GUARD
+from sglang_pd.srt.wire.catalogue import NIXL_GUARD
 from sglang_pd.srt.auth.peer_auth import PeerAuth
 
 

@@ -27,7 +27,7 @@ from sglang_pd.srt.transfer.nixl_host_memory import HostMemoryScope
 from sglang_pd.srt.handshake.peer_defenses import PeerGuard, build_peer_guard
 from sglang_pd.srt.transfer.prefill_log import PrefillTransferLog
 from sglang_pd.srt.admission.radix_resume import RadixResume
-from sglang_pd.srt.handshake.room_decline import RoomDeclineTable
+from sglang_pd.srt.wire.room_decline import RoomDeclineTable
 from sglang_pd.srt.transfer.watch import TransferWatch
 from sglang_pd.srt.attention.stats import SharedAttentionStats
 from sglang_pd.srt.slo.controller import SloController

@@ -23,7 +23,7 @@ from sglang_pd.harness.hostile_peer import (PeerSocket, Templates, TransferPeer,
                                             captured_frames, handshake_view, rank_endpoint, wait_received)
 from sglang_pd.models import VOCAB_SIZE
 from sglang_pd.srt.auth.peer_auth import PeerAuth
-from sglang_pd.srt.handshake.room_decline import DeclineNotice, decline_frames
+from sglang_pd.srt.wire.room_decline import DeclineNotice, decline_frames
 
 pytestmark = pytest.mark.integration
 

@@ -27,7 +27,7 @@ import zmq
 
 from sglang_pd.harness.hostile_peer import PeerIdentity, Templates
 from sglang_pd.srt.handshake.sockets import Between, GuardedSocket, SigningSocket
-from sglang_pd.srt.handshake.fields import FrameLimits, Side
+from sglang_pd.srt.wire.fields import FrameLimits, Side
 from sglang_pd.srt.handshake.gate import HandshakeGate
 from sglang_pd.srt.handshake.manager_host import ManagerHost
 from sglang_pd.srt.auth.peer_auth import PeerAuth

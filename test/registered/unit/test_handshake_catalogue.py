@@ -1,4 +1,4 @@
-"""The message catalogue (srt/handshake/catalogue.py) is what the checks run on, not a description of them.
+"""The message catalogue (srt/wire/catalogue.py) is what the checks run on, not a description of them.
 
 One well-formed message per catalogue entry (backend x side x kind) passes; the same message is refused by
 a catalogue that lacks its entry; the frame counts and the appended frames the gate takes off are the
@@ -13,14 +13,14 @@ from test_handshake_gate import Host
 
 from sglang_pd.harness.hostile_peer import Templates
 from sglang_pd.srt.auth.peer_auth import TRAILER_FRAMES, PeerAuth
-from sglang_pd.srt.handshake import catalogue as cat
-from sglang_pd.srt.handshake.catalogue import CATALOGUE, MessageKind
-from sglang_pd.srt.handshake.fields import Side
-from sglang_pd.srt.handshake.frames import SCHEMAS, check_message
+from sglang_pd.srt.wire import catalogue as cat
+from sglang_pd.srt.wire.catalogue import CATALOGUE, MessageKind
+from sglang_pd.srt.wire.fields import Side
+from sglang_pd.srt.wire.frames import SCHEMAS, check_message
 from sglang_pd.srt.handshake.gate import MAX_MESSAGE_FRAMES, HandshakeGate
 from sglang_pd.srt.handshake.gate_host import PeerRecord
-from sglang_pd.srt.handshake.prompt_binding import PromptDigests, digest_frame, prompt_digest
-from sglang_pd.srt.handshake.room_decline import DeclineNotice, decline_frames
+from sglang_pd.srt.wire.prompt_binding import PromptDigests, digest_frame, prompt_digest
+from sglang_pd.srt.wire.room_decline import DeclineNotice, decline_frames
 
 pytestmark = pytest.mark.unit
 

@@ -11,7 +11,7 @@ import zmq
 
 from sglang_pd.harness.hostile_peer import PeerIdentity, PeerSocket, Templates
 from sglang_pd.srt.handshake.sockets import GuardedSocket, SigningSocket
-from sglang_pd.srt.handshake.fields import FrameLimits, Side
+from sglang_pd.srt.wire.fields import FrameLimits, Side
 from sglang_pd.srt.handshake.gate import HandshakeGate
 from sglang_pd.srt.handshake.gate_host import PeerRecord, PeerRemoval
 from sglang_pd.srt.auth.peer_auth import PeerAuth
@@ -151,7 +151,7 @@ def test_with_auth_unsigned_and_impostor_messages_change_nothing():
 
 def test_with_auth_a_room_decline_must_be_signed():
     """An unauthenticated decline would let a stranger drop any room: refused before it is read."""
-    from sglang_pd.srt.handshake.room_decline import DeclineNotice, decline_frames
+    from sglang_pd.srt.wire.room_decline import DeclineNotice, decline_frames
 
     host = Host()
     host.rooms.add(12)
@@ -172,7 +172,7 @@ def test_prefill_answers_only_at_an_endpoint_a_peer_registered(kind):
     carries, through a socket it opens and caches per address: a stranger naming fresh addresses made
     prefill connect wherever it said, until its file descriptors ran out. Only a registered peer's endpoint
     is answered; the room still fails (what the ABORT asked for), nobody is told."""
-    from sglang_pd.srt.handshake.room_decline import DeclineNotice, decline_frames
+    from sglang_pd.srt.wire.room_decline import DeclineNotice, decline_frames
 
     def message(room, ip, port):
         if kind == "abort":

@@ -372,7 +372,7 @@ def _admitted_request(world, rid, room):
 def test_a_sent_decline_queues_the_request_locally(world, zmq_pair):
     """The decline reaches prefill's socket naming the room; the request is decode's from then on:
     queued locally with its lock, its receiver cleared and detached, marked abort-notified."""
-    from sglang_pd.srt.handshake.room_decline import parse_decline
+    from sglang_pd.srt.wire.room_decline import parse_decline
     from sglang_pd.srt.hooks.decode_handoff import _serve_locally
     from sglang_pd.srt.hooks.decode_scheduler import release_local
 
@@ -422,7 +422,7 @@ def test_a_second_live_request_under_one_rid_stays_on_the_pd_path(world, zmq_pai
     import zmq
     from sglang.srt.mem_cache.common import release_kv_cache
 
-    from sglang_pd.srt.handshake.room_decline import parse_decline
+    from sglang_pd.srt.wire.room_decline import parse_decline
     from sglang_pd.srt.hooks.decode_handoff import _serve_locally
     from sglang_pd.srt.hooks.decode_scheduler import release_local
 
@@ -459,7 +459,7 @@ def test_a_declined_request_the_local_queue_refuses_stays_whole_on_the_pd_path(w
     the scheduler is not ended by it."""
     from sglang.srt.mem_cache.common import release_kv_cache
 
-    from sglang_pd.srt.handshake.room_decline import parse_decline
+    from sglang_pd.srt.wire.room_decline import parse_decline
     from sglang_pd.srt.hooks.decode_handoff import _serve_locally
 
     push, pull = zmq_pair

@@ -6,11 +6,11 @@ import time
 
 import pytest
 
-from sglang_pd.srt.handshake.room_decline import (DeclineError, DeclineNotice, RoomDeclineTable,
+from sglang_pd.srt.wire.room_decline import (DeclineError, DeclineNotice, RoomDeclineTable,
                                                        decline_frames, parse_decline)
-from sglang_pd.srt.handshake.catalogue import MessageKind
-from sglang_pd.srt.handshake.fields import FrameLimits, Side
-from sglang_pd.srt.handshake.frames import check_message
+from sglang_pd.srt.wire.catalogue import MessageKind
+from sglang_pd.srt.wire.fields import FrameLimits, Side
+from sglang_pd.srt.wire.frames import check_message
 from sglang_pd.srt.metrics.pd_metrics import PDCounters
 
 pytestmark = pytest.mark.unit

@@ -1,6 +1,6 @@
 """A new bootstrap room for a request decode served locally and SGLang then sends back to prefill.
 
-Decode-local prefill declines the request's room to prefill (srt/handshake/room_decline.py); prefill
+Decode-local prefill declines the request's room to prefill (srt/wire/room_decline.py); prefill
 then fails every later transfer info for that room (a declined half is a failed one). When SGLang
 rebootstraps the request (its recompute on prefill after a retract pause), the rebootstrap must go out
 under another room, one no request on this decode holds.

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import logging
 
-from sglang_pd.srt.handshake.room_decline import (DeclineError, DeclineNotice, RoomDeclineTable, decline_frames,
+from sglang_pd.srt.wire.room_decline import (DeclineError, DeclineNotice, RoomDeclineTable, decline_frames,
                                                   parse_decline)
 from sglang_pd.srt.metrics.pd_metrics import PDCounters
 

@@ -11,7 +11,7 @@ import dataclasses
 import logging
 
 from sglang_pd.config import PEER_SECRET_FILE
-from sglang_pd.srt.handshake.fields import FrameLimits, Side
+from sglang_pd.srt.wire.fields import FrameLimits, Side
 from sglang_pd.srt.threads.thread_watch import ThreadRole
 
 logger = logging.getLogger(__name__)

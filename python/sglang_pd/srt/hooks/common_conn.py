@@ -26,12 +26,12 @@ import threading
 from sglang_pd.srt.auth import curve_keys
 from sglang_pd.srt.fault_injection import Fault
 from sglang_pd.srt.handshake.decline_delivery import consume_decline, fail_room_if_known
-from sglang_pd.srt.handshake.fields import FrameLimits, Side
+from sglang_pd.srt.wire.fields import FrameLimits, Side
 from sglang_pd.srt.handshake.gate import HandshakeGate
 from sglang_pd.srt.handshake.manager_host import ManagerHost
-from sglang_pd.srt.handshake.pool_bounds import bounds_frame, bounds_of
+from sglang_pd.srt.wire.pool_bounds import bounds_frame, bounds_of
 from sglang_pd.srt.handshake.prefill_rooms import PrefillRooms
-from sglang_pd.srt.handshake.prompt_binding import PromptDigests
+from sglang_pd.srt.wire.prompt_binding import PromptDigests
 from sglang_pd.srt.handshake.rank_socket import (expected_threads, frame_limits, reader_comes_straight_back,
                                                  unguarded_with_secret, with_dcp_place, zmq_frame_cap)
 from sglang_pd.srt.handshake.room_expiry import RoomTombstones, UnclaimedRooms

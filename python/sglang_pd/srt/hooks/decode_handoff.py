@@ -17,7 +17,7 @@ import time
 
 from sglang_pd.srt.admission.room_renewal import mark_declined
 from sglang_pd.srt.fault_injection import Fault
-from sglang_pd.srt.handshake.room_decline import DeclineNotice
+from sglang_pd.srt.wire.room_decline import DeclineNotice
 from sglang_pd.srt.handshake.decline_delivery import send_decline
 from sglang_pd.srt.local_prefill.decision import FallbackReason, LocalDecision
 from sglang_pd.srt.mem_cache.page_math import RequestKind, bytes_per_page, kv_to_page_num, request_kind

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from sglang_pd.srt.handshake.fields import MAX_ROOM  # the handshake gate's bound: one for both
+from sglang_pd.srt.wire.fields import MAX_ROOM  # the handshake gate's bound: one for both
 
 MAX_HOST_LEN = 253            # a DNS name's limit; IPv4 and bracketed IPv6 fit too
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f:.]+|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)$")

@@ -39,7 +39,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "prefill_pages_sent_unknown_room_total": ("counter", "KV pages sent for a room prefill has no record of"),
     "prefill_rejected_requests_total": ("counter", "requests prefill refused for a bad decode_prefix_len or transfer info"),
     "prefill_computed_tokens_total": ("counter", "prompt tokens prefill's model computed (its extend forwards)"),
-    # room decline: decode tells prefill to drop a room (srt/handshake/room_decline.py), prefill side
+    # room decline: decode tells prefill to drop a room (srt/wire/room_decline.py), prefill side
     "prefill_declined_requests_total": ("counter", "requests whose prefill half decode declined: answered without a transfer"),
     "prefill_declined_computed_tokens_total": ("counter", "prompt tokens prefill had computed for requests decode then declined"),
     "prefill_decline_tombstones_total": ("counter", "declines that reached prefill before the request did (kept until it arrives)"),

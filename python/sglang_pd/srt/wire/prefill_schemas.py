@@ -9,11 +9,11 @@ the catalogue's (catalogue.py); `frames.check_message` routes a message here. Ea
 
 from __future__ import annotations
 
-from sglang_pd.srt.handshake import fields as ff
-from sglang_pd.srt.handshake.dcp_frames import relayout_geometry, staging_and_dcp
-from sglang_pd.srt.handshake.fields import MAX_STATE_LISTS, FrameError, FrameLimits
-from sglang_pd.srt.handshake.room_decline import DeclineError, parse_decline
-from sglang_pd.srt.handshake.verdict import FrameReader
+from sglang_pd.srt.wire import fields as ff
+from sglang_pd.srt.wire.dcp_frames import relayout_geometry, staging_and_dcp
+from sglang_pd.srt.wire.fields import MAX_STATE_LISTS, FrameError, FrameLimits
+from sglang_pd.srt.wire.room_decline import DeclineError, parse_decline
+from sglang_pd.srt.wire.verdict import FrameReader
 from sglang_pd.srt.mem_cache.prefix_len import check_in_pool
 
 MAX_INT = ff.MAX_INT

@@ -5,8 +5,8 @@ on any other, which ends that thread; `staging_and_dcp` refuses those pairings f
 
 from __future__ import annotations
 
-from sglang_pd.srt.handshake import fields as ff
-from sglang_pd.srt.handshake.fields import FrameError, FrameLimits
+from sglang_pd.srt.wire import fields as ff
+from sglang_pd.srt.wire.fields import FrameError, FrameLimits
 
 
 def staging_and_dcp(msg, staging_at: int, dcp_at: int, limits: FrameLimits) -> int:

@@ -37,7 +37,7 @@ from __future__ import annotations
 import re
 from typing import NamedTuple, Sequence
 
-from sglang_pd.srt.handshake.fields import MAX_STATE_LISTS, FrameError, IndexSpan, shown
+from sglang_pd.srt.wire.fields import MAX_STATE_LISTS, FrameError, IndexSpan, shown
 
 MARKER = b"sglang_pd:pool-bounds:"
 MAX_STATE_TYPES = MAX_STATE_LISTS  # as many as a transfer info may list state indices for

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from typing import Callable
 
-from sglang_pd.srt.handshake import fields as ff
-from sglang_pd.srt.handshake.fields import FrameLimits
-from sglang_pd.srt.handshake.verdict import FrameReader
+from sglang_pd.srt.wire import fields as ff
+from sglang_pd.srt.wire.fields import FrameLimits
+from sglang_pd.srt.wire.verdict import FrameReader
 
 
 def _ints_then_name(num_ints: int, tail_ints: int = 0) -> Callable:

@@ -7,10 +7,10 @@ data against the slot it is written to. Frame counts are the catalogue's (catalo
 
 from __future__ import annotations
 
-from sglang_pd.srt.handshake import fields as ff
-from sglang_pd.srt.handshake.fields import FrameError, FrameLimits
-from sglang_pd.srt.handshake.prefill_schemas import MAX_INT, MAX_RANK, MAX_REASON_BYTES
-from sglang_pd.srt.handshake.verdict import FrameReader
+from sglang_pd.srt.wire import fields as ff
+from sglang_pd.srt.wire.fields import FrameError, FrameLimits
+from sglang_pd.srt.wire.prefill_schemas import MAX_INT, MAX_RANK, MAX_REASON_BYTES
+from sglang_pd.srt.wire.verdict import FrameReader
 
 KV_POLL_VALUES = (b"0", b"1", b"2", b"3", b"4")  # Failed .. Success
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from sglang_pd.srt.handshake import fields as ff
-from sglang_pd.srt.handshake.catalogue import MessageKind, MessageSpec
-from sglang_pd.srt.handshake.fields import FrameError, IndexSpan
+from sglang_pd.srt.wire import fields as ff
+from sglang_pd.srt.wire.catalogue import MessageKind, MessageSpec
+from sglang_pd.srt.wire.fields import FrameError, IndexSpan
 
 
 class Verdict(NamedTuple):

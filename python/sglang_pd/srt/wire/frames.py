@@ -13,14 +13,14 @@ from __future__ import annotations
 
 from typing import Callable
 
-from sglang_pd.srt.handshake import decode_schemas as decode
-from sglang_pd.srt.handshake import fields as ff
-from sglang_pd.srt.handshake import prefill_schemas as prefill
-from sglang_pd.srt.handshake import staging_schemas as staging
-from sglang_pd.srt.handshake.catalogue import (BACKEND_NAMES, CATALOGUE, MAX_FRAMES, NIXL_GUARD, Catalogue,
+from sglang_pd.srt.wire import decode_schemas as decode
+from sglang_pd.srt.wire import fields as ff
+from sglang_pd.srt.wire import prefill_schemas as prefill
+from sglang_pd.srt.wire import staging_schemas as staging
+from sglang_pd.srt.wire.catalogue import (BACKEND_NAMES, CATALOGUE, MAX_FRAMES, NIXL_GUARD, Catalogue,
                                                MessageKind, MessageSpec, side_specs)
-from sglang_pd.srt.handshake.fields import FrameError, FrameLimits
-from sglang_pd.srt.handshake.verdict import FrameReader, Verdict
+from sglang_pd.srt.wire.fields import FrameError, FrameLimits
+from sglang_pd.srt.wire.verdict import FrameReader, Verdict
 
 Schema = Callable[[list[bytes], FrameLimits, FrameReader], None]
 

@@ -34,7 +34,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from sglang_pd.srt.handshake.fields import FrameError
+from sglang_pd.srt.wire.fields import FrameError
 
 MARKER = b"sglang_pd:prompt-sha256/16:"
 DIGEST_BYTES = 16

@@ -20,8 +20,8 @@ from __future__ import annotations
 import enum
 from typing import NamedTuple
 
-from sglang_pd.srt.handshake.fields import Side
-from sglang_pd.srt.handshake.room_decline import MARKER as DECLINE_MARKER
+from sglang_pd.srt.wire.fields import Side
+from sglang_pd.srt.wire.room_decline import MARKER as DECLINE_MARKER
 
 NIXL_GUARD = b"NixlMsgGuard"
 NIXL_STATUS_TAG = b"KV_STATUS"
@@ -31,7 +31,7 @@ _COMMON = "sglang.srt.disaggregation.common.conn"
 _MOONCAKE = "sglang.srt.disaggregation.mooncake.conn"
 _NIXL = "sglang.srt.disaggregation.nixl.conn"
 _STAGING = "sglang.srt.disaggregation.common.staging_handler"
-_DECLINE = "sglang_pd.srt.handshake.room_decline"
+_DECLINE = "sglang_pd.srt.wire.room_decline"
 BACKEND_NAMES = {"mooncake": "mooncake", "nixl": "NIXL"}
 
 
@@ -90,8 +90,8 @@ def _frames(module: str, names: str, optional: str = "") -> tuple[Frame, ...]:
 
 
 AUTH_TRAILER = _frames("sglang_pd.srt.auth.peer_auth", "auth magic, key id, timestamp ms, nonce, mac")
-POOL_BOUNDS = Frame("pool bounds", "sglang_pd.srt.handshake.pool_bounds")
-PROMPT_DIGEST = Frame("prompt digest", "sglang_pd.srt.handshake.prompt_binding")
+POOL_BOUNDS = Frame("pool bounds", "sglang_pd.srt.wire.pool_bounds")
+PROMPT_DIGEST = Frame("prompt digest", "sglang_pd.srt.wire.prompt_binding")
 
 _ABORT = MessageSpec("ABORT", MessageKind.ABORT, _frames(_COMMON, "ABORT, room", "decode ip, decode port, generation"),
                      tag=b"ABORT")
