@@ -6,7 +6,7 @@ collaborators through its constructor by `build_state`, never reaching this modu
 
 Each SGLang process (HTTP server, scheduler, detokenizer) loads the plugin separately, so each has
 its own state; `plugin.register()` builds and installs it. The scheduler's part reaches the HTTP
-process through SGLang's own get_internal_state round trip (srt/hooks/scheduler.py).
+process through SGLang's own get_internal_state round trip (srt/hooks/scheduling/scheduler.py).
 """
 
 from __future__ import annotations

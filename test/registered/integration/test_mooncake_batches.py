@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from sglang_pd.config import Settings
-from sglang_pd.srt.hooks.mooncake_conn import around_transfer_data
+from sglang_pd.srt.hooks.connection.mooncake_conn import around_transfer_data
 from sglang_pd.srt.state import ProcessKind, build_state, install
 
 pytestmark = pytest.mark.integration

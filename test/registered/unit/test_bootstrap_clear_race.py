@@ -31,7 +31,7 @@ from sglang_pd.srt.wire.fields import FrameLimits, Side
 from sglang_pd.srt.handshake.gate import HandshakeGate
 from sglang_pd.srt.handshake.manager_host import ManagerHost
 from sglang_pd.srt.auth.peer_auth import PeerAuth
-from sglang_pd.srt.hooks import common_conn
+from sglang_pd.srt.hooks.connection import common_conn
 
 pytestmark = pytest.mark.unit
 
@@ -255,7 +255,7 @@ def test_a_reader_held_past_the_wait_is_counted_and_the_clear_runs(monkeypatch, 
     with parked_in_the_window(monkeypatch, "mooncake", guarded=True) as (prefill, paused):
         prefill.sock.hold_wait_s = 0.2
         assert prefill.sock._held
-        with caplog.at_level(logging.ERROR, logger="sglang_pd.srt.hooks.common_conn"):
+        with caplog.at_level(logging.ERROR, logger="sglang_pd.srt.hooks.connection.common_conn"):
             clear = _clear_in_thread(prefill, ROOM, hooked=True)
             clear.join(5)
         assert not clear.is_alive() and ROOM not in prefill.mgr.request_status  # ran anyway, after the wait
@@ -381,7 +381,7 @@ def test_the_installed_table_counts_a_waited_removal_and_a_timed_out_one(monkeyp
         prefill.mgr.transfer_infos = rooms
         rooms[NEXT_ROOM] = {}
         prefill.sock.hold_wait_s = 0.2
-        with caplog.at_level(logging.ERROR, logger="sglang_pd.srt.hooks.common_conn"):
+        with caplog.at_level(logging.ERROR, logger="sglang_pd.srt.hooks.connection.common_conn"):
             worker = _worker_finishes_room_in_thread(prefill, NEXT_ROOM)
             worker.join(5)
         assert not worker.is_alive() and NEXT_ROOM not in rooms  # ran anyway, after the cap

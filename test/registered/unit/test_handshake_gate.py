@@ -317,7 +317,7 @@ class Manager:
         self.told: list[tuple] = []
 
     def send_kv_status_message(self, targets, bootstrap_room, status, failure_reason=None):
-        from sglang_pd.srt.hooks import common_conn
+        from sglang_pd.srt.hooks.connection import common_conn
 
         self.told.append((tuple(targets), bootstrap_room, status, failure_reason))
         # what the hook table's AFTER row does in a server (a no-op until a ManagerHost is installed)
@@ -340,7 +340,7 @@ def test_a_cleared_sender_ends_its_claim_and_a_failed_one_is_remembered_for_late
     from sglang.srt.disaggregation.base.conn import KVPoll
 
     from sglang_pd.srt.handshake.manager_host import ManagerHost
-    from sglang_pd.srt.hooks import common_conn
+    from sglang_pd.srt.hooks.connection import common_conn
     from sglang_pd.srt.state import current
 
     mgr, clock = Manager(), Clock()
@@ -387,7 +387,7 @@ def test_a_request_that_failed_after_its_decode_registered_the_room_has_that_dec
     from sglang.srt.disaggregation.base.conn import KVPoll
 
     from sglang_pd.srt.handshake.manager_host import ManagerHost
-    from sglang_pd.srt.hooks import common_conn
+    from sglang_pd.srt.hooks.connection import common_conn
     from sglang_pd.srt.state import current
 
     mgr = Manager()
@@ -421,7 +421,8 @@ def test_a_request_aborted_in_prefills_waiting_queue_is_cleared_and_its_decode_t
     from sglang.srt.disaggregation.base.conn import KVPoll
 
     from sglang_pd.srt.handshake.manager_host import ManagerHost
-    from sglang_pd.srt.hooks import common_conn, prefill
+    from sglang_pd.srt.hooks.connection import common_conn
+    from sglang_pd.srt.hooks.scheduling import prefill
     from sglang_pd.srt.state import current
 
     mgr = Manager()
@@ -453,7 +454,7 @@ def test_a_failure_tell_waits_until_no_write_into_the_decodes_pages_can_land():
     from sglang.srt.disaggregation.base.conn import KVPoll
 
     from sglang_pd.srt.handshake.manager_host import ManagerHost
-    from sglang_pd.srt.hooks import common_conn
+    from sglang_pd.srt.hooks.connection import common_conn
     from sglang_pd.srt.state import current
 
     mgr, clock = Manager(), Clock()
@@ -541,14 +542,14 @@ def test_with_a_secret_a_kv_manager_whose_socket_cannot_be_guarded_is_refused_be
     from sglang.srt.disaggregation.ascend.conn import AscendKVManager
     from sglang.srt.disaggregation.utils import DisaggregationMode
 
-    from sglang_pd.srt.hooks import common_conn
+    from sglang_pd.srt.hooks.connection import common_conn
 
     built = []
     mgr = AscendKVManager.__new__(AscendKVManager)
     args = SimpleNamespace(kv_data_lens=[1 << 20], kv_item_lens=[4096], aux_item_lens=[], aux_data_lens=[], page_size=1)
     original = lambda *a: built.append(a)  # noqa: E731  (what SGLang's __init__ would build)
     assert pd_state.peer_guard.auth is None
-    with caplog.at_level(logging.WARNING, logger="sglang_pd.srt.hooks.common_conn"):
+    with caplog.at_level(logging.WARNING, logger="sglang_pd.srt.hooks.connection.common_conn"):
         common_conn.around_manager_init(original, mgr, args, DisaggregationMode.PREFILL, None)
     assert len(built) == 1 and "AscendKVManager rank socket is not guarded" in caplog.text
     pd_state.peer_guard.auth = PeerAuth([KEY])

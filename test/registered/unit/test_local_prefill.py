@@ -237,7 +237,7 @@ def test_local_extend_writes_into_the_preallocated_pages_and_finishes_clean(worl
     from sglang.srt.managers.schedule_batch import FINISH_LENGTH
     from sglang.srt.mem_cache.common import release_kv_cache
 
-    from sglang_pd.srt.hooks.schedule_batch import around_alloc_for_extend
+    from sglang_pd.srt.hooks.scheduling.schedule_batch import around_alloc_for_extend
 
     shared = list(range(1, 41))  # 40 tokens: page-aligned for pages 1 and 4
     world.cache(shared)
@@ -264,7 +264,7 @@ def test_local_extend_writes_into_the_preallocated_pages_and_finishes_clean(worl
 
 def test_abort_before_the_extend_gives_back_row_pages_and_lock(world, pd_state):
     """Abort while QUEUED (the hook's path): the suffix pages are freed, never published; lock released."""
-    from sglang_pd.srt.hooks.decode_scheduler import release_local
+    from sglang_pd.srt.hooks.scheduling.decode_scheduler import release_local
 
     world.cache(list(range(1, 41)))
     req, prefix_len, _ = world.admit("abort-q", list(range(1, 41)) + [80, 81, 82])
@@ -282,7 +282,7 @@ def test_abort_before_the_extend_gives_back_row_pages_and_lock(world, pd_state):
 def test_failed_extend_and_pd_fallback_leave_nothing_behind(world):
     from sglang.srt.mem_cache.common import release_kv_cache
 
-    from sglang_pd.srt.hooks.decode_scheduler import release_local
+    from sglang_pd.srt.hooks.scheduling.decode_scheduler import release_local
 
     world.cache(list(range(1, 41)))
     failed, prefix_len, _ = world.admit("fails", list(range(1, 41)) + [70, 71])
@@ -304,14 +304,14 @@ def test_failed_extend_and_pd_fallback_leave_nothing_behind(world):
 
 
 def test_allocation_hook_leaves_other_batches_to_sglang(world):
-    from sglang_pd.srt.hooks.schedule_batch import around_alloc_for_extend
+    from sglang_pd.srt.hooks.scheduling.schedule_batch import around_alloc_for_extend
 
     other = SimpleNamespace(reqs=[])
     assert around_alloc_for_extend(lambda b: ("sglang's", b), other) == ("sglang's", other)
 
 
 def test_allocation_hook_refuses_a_row_without_its_whole_prompt(world):
-    from sglang_pd.srt.hooks.schedule_batch import around_alloc_for_extend
+    from sglang_pd.srt.hooks.scheduling.schedule_batch import around_alloc_for_extend
 
     world.cache(list(range(1, 41)))
     req, prefix_len, _ = world.admit("short-row", list(range(1, 41)) + [50, 51, 52])
@@ -373,8 +373,8 @@ def test_a_sent_decline_queues_the_request_locally(world, zmq_pair):
     """The decline reaches prefill's socket naming the room; the request is decode's from then on:
     queued locally with its lock, its receiver cleared and detached, marked abort-notified."""
     from sglang_pd.srt.wire.room_decline import parse_decline
-    from sglang_pd.srt.hooks.decode_handoff import _serve_locally
-    from sglang_pd.srt.hooks.decode_scheduler import release_local
+    from sglang_pd.srt.hooks.scheduling.decode_handoff import _serve_locally
+    from sglang_pd.srt.hooks.scheduling.decode_scheduler import release_local
 
     push, pull = zmq_pair
     req, prefix_len = _admitted_request(world, "sent", 7001)
@@ -396,7 +396,7 @@ def test_a_decline_that_cannot_be_sent_leaves_the_request_on_the_pd_path(world, 
     receiver, lock and pages untouched, counts the fallback and the hook error, and queues nothing."""
     from sglang.srt.mem_cache.common import release_kv_cache
 
-    from sglang_pd.srt.hooks.decode_handoff import _serve_locally
+    from sglang_pd.srt.hooks.scheduling.decode_handoff import _serve_locally
 
     push, _ = zmq_pair
     push.close(linger=0)  # every send on it now raises
@@ -423,8 +423,8 @@ def test_a_second_live_request_under_one_rid_stays_on_the_pd_path(world, zmq_pai
     from sglang.srt.mem_cache.common import release_kv_cache
 
     from sglang_pd.srt.wire.room_decline import parse_decline
-    from sglang_pd.srt.hooks.decode_handoff import _serve_locally
-    from sglang_pd.srt.hooks.decode_scheduler import release_local
+    from sglang_pd.srt.hooks.scheduling.decode_handoff import _serve_locally
+    from sglang_pd.srt.hooks.scheduling.decode_scheduler import release_local
 
     push, pull = zmq_pair
     first, first_prefix = _admitted_request(world, "dup", 7101)
@@ -460,7 +460,7 @@ def test_a_declined_request_the_local_queue_refuses_stays_whole_on_the_pd_path(w
     from sglang.srt.mem_cache.common import release_kv_cache
 
     from sglang_pd.srt.wire.room_decline import parse_decline
-    from sglang_pd.srt.hooks.decode_handoff import _serve_locally
+    from sglang_pd.srt.hooks.scheduling.decode_handoff import _serve_locally
 
     push, pull = zmq_pair
     req, prefix_len = _admitted_request(world, "refused", 7201)
@@ -516,7 +516,7 @@ def test_a_retract_pause_that_takes_the_local_extend_ends_it(world):
     from sglang.srt.managers.io_struct import PauseGenerationReqInput
     from sglang.srt.managers.scheduler import Scheduler
 
-    from sglang_pd.srt.hooks.scheduler import (after_collect_inflight_batches, after_is_fully_idle,
+    from sglang_pd.srt.hooks.scheduling.scheduler import (after_collect_inflight_batches, after_is_fully_idle,
                                                around_pause_generation)
 
     local = world.state.local_prefill
@@ -536,7 +536,7 @@ def test_a_retract_pause_that_takes_the_local_extend_ends_it(world):
     after, _ = _bound_extend(world, "s-new", [50, 51])  # a later local request is extended again
     assert local.record("s-new").state is LocalState.EXTENDING
     local.fail([after])
-    from sglang_pd.srt.hooks.decode_scheduler import release_local
+    from sglang_pd.srt.hooks.scheduling.decode_scheduler import release_local
 
     release_local(SimpleNamespace(tree_cache=world.tree), after)
     assert world.clean()
@@ -549,8 +549,8 @@ def test_a_retract_pause_past_the_local_extend_leaves_it_to_join(world):
     from sglang.srt.managers.scheduler import Scheduler
     from sglang.srt.model_executor.forward_batch_info import ForwardMode
 
-    from sglang_pd.srt.hooks.decode_scheduler import release_local
-    from sglang_pd.srt.hooks.scheduler import around_pause_generation
+    from sglang_pd.srt.hooks.scheduling.decode_scheduler import release_local
+    from sglang_pd.srt.hooks.scheduling.scheduler import around_pause_generation
 
     local = world.state.local_prefill
     world.cache(list(range(1, 41)))

@@ -27,7 +27,7 @@ def _decode_scheduler(running_batch, last_batch, hooked: bool):
     from sglang.srt.disaggregation.utils import DisaggregationMode
     from sglang.srt.managers.scheduler import Scheduler
 
-    from sglang_pd.srt.hooks.scheduler import after_collect_inflight_batches
+    from sglang_pd.srt.hooks.scheduling.scheduler import after_collect_inflight_batches
 
     grammar = object.__new__(GrammarManager)  # its abort reads only its (empty) queue
     grammar.grammar_queue = []
@@ -49,7 +49,7 @@ def _abort(sched, rid: str, abort_message: str | None = None) -> None:
     from sglang.srt.managers.io_struct import AbortReq
     from sglang.srt.managers.scheduler import Scheduler
 
-    from sglang_pd.srt.hooks.scheduler import after_abort_request
+    from sglang_pd.srt.hooks.scheduling.scheduler import after_abort_request
 
     recv = AbortReq(rid=rid, abort_message=abort_message)
     after_abort_request(Scheduler.abort_request(sched, recv), sched, recv)
@@ -97,7 +97,7 @@ def test_an_abort_after_the_extend_ran_reaches_its_requests_and_releases_once(wo
     the join the request finishes at the next step and its row, pages and lock are released once."""
     from sglang.srt.managers.schedule_batch import FINISH_ABORT, ScheduleBatch
 
-    from sglang_pd.srt.hooks.decode_scheduler import _join_local_extend
+    from sglang_pd.srt.hooks.scheduling.decode_scheduler import _join_local_extend
 
     local, running, extend = _mixed_extend_after_its_result(world)
     sched = _decode_scheduler(ScheduleBatch(reqs=[]), None, hooked=True)
@@ -157,7 +157,7 @@ def _prealloc_queue(allocator, tree, running_batch, last_batch, reserved_per_req
     manager: sockets and threads), our three budget hooks in front of upstream's methods when `hooked`."""
     from sglang.srt.disaggregation.decode import DecodePreallocQueue as Queue
 
-    from sglang_pd.srt.hooks.decode_prealloc_queue import (after_active_req_count,
+    from sglang_pd.srt.hooks.scheduling.decode_prealloc_queue import (after_active_req_count,
                                                            around_need_space_for_single_req,
                                                            around_required_admission_tokens)
 

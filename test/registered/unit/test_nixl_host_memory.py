@@ -7,7 +7,7 @@ import pytest
 
 from sglang_pd.config import Settings
 from sglang_pd.srt.fault_injection import Fault
-from sglang_pd.srt.hooks import nixl_api
+from sglang_pd.srt.hooks.connection import nixl_api
 from sglang_pd.srt.state import ProcessKind, build_state, install
 
 pytestmark = pytest.mark.unit
@@ -77,7 +77,7 @@ def test_a_transfer_nixl_cannot_cancel_is_never_reported_failed(state):
 
 def test_a_handle_we_cancelled_is_not_read_again(state):
     """NIXL frees a released handle: the hook answers ERR without touching it."""
-    from sglang_pd.srt.hooks.nixl_api import around_check_xfer_state
+    from sglang_pd.srt.hooks.connection.nixl_api import around_check_xfer_state
 
     class Released:
         _released = True  # what nixl_xfer_handle.release() sets

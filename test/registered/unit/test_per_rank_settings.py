@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from sglang_pd.config import Settings
-from sglang_pd.srt.hooks.scheduler import local_prefill_problem, slo_problem
+from sglang_pd.srt.hooks.scheduling.scheduler import local_prefill_problem, slo_problem
 
 pytestmark = pytest.mark.unit
 
@@ -26,7 +26,7 @@ def test_slo_targets_are_refused_on_a_tensor_parallel_decode():
 def test_local_prefill_is_refused_on_a_tensor_parallel_decode(tp_size, monkeypatch):
     from sglang.srt import runtime_context
 
-    from sglang_pd.srt.hooks.takeover import owns_decode_queue
+    from sglang_pd.srt.hooks.scheduling.takeover import owns_decode_queue
 
     # SGLang's published configuration, as a decode server has it (not published in a unit test)
     monkeypatch.setattr(runtime_context, "get_parallel", lambda: SimpleNamespace(pp_size=1))

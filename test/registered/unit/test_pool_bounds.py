@@ -28,7 +28,7 @@ from sglang_pd.srt.handshake.gate import HandshakeGate
 from sglang_pd.srt.handshake.gate_host import PeerRecord
 from sglang_pd.srt.wire.pool_bounds import (MARKER, MAX_STATE_TYPES, PoolBounds, bounds_frame, bounds_of,
                                                        split_bounds)
-from sglang_pd.srt.hooks import common_conn
+from sglang_pd.srt.hooks.connection import common_conn
 
 pytestmark = pytest.mark.unit
 

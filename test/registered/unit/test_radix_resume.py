@@ -239,7 +239,7 @@ def _resume_with_failing_copy(world, rid: str):
     request computed for the same tokens, numerically a little different from this one's backup)."""
     from sglang.srt.managers.schedule_batch import Req
     from sglang.srt.mem_cache.common import match_kv_cache
-    from sglang_pd.srt.hooks.schedule_batch import around_load_kv_cache
+    from sglang_pd.srt.hooks.scheduling.schedule_batch import around_load_kv_cache
 
     shared = list(range(1, 17))
     world.cache_prefix(shared)

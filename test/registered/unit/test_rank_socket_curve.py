@@ -15,7 +15,7 @@ from sglang_pd.config import PEER_CURVE, PEER_SECRET_FILE, SettingsError
 from sglang_pd.config import Settings
 from sglang_pd.srt.auth import curve_keys
 from sglang_pd.srt.auth.peer_auth import PeerAuth
-from sglang_pd.srt.hooks.network import around_get_zmq_socket_on_host, rank_socket_options
+from sglang_pd.srt.hooks.connection.network import around_get_zmq_socket_on_host, rank_socket_options
 
 pytestmark = pytest.mark.unit
 

@@ -84,7 +84,7 @@ def test_the_http_hooks_routes_share_one_question_to_the_schedulers(monkeypatch)
     """/sglang_pd/stats, /info, the /metrics refresh and /health's question all ask through one flight: 30
     concurrent calls mixed across them reach SGLang's get_internal_state once."""
     import sglang.srt.entrypoints.http_server as upstream_http
-    from sglang_pd.srt.hooks import http_server
+    from sglang_pd.srt.hooks.frontend import http_server
 
     asked, released = [], None
 

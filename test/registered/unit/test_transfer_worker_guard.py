@@ -19,7 +19,7 @@ import pytest
 import zmq
 
 from sglang_pd.srt.transfer.worker_recovery import COUNTER, ChunkTap, Outcome, recover_room
-from sglang_pd.srt.hooks.mooncake_conn import around_transfer_worker
+from sglang_pd.srt.hooks.connection.mooncake_conn import around_transfer_worker
 
 pytestmark = pytest.mark.unit
 

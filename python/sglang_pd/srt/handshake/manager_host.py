@@ -1,6 +1,6 @@
 """SGLang's KV manager as the `HandshakeGate`'s host: reads and fails rooms through SGLang's own methods.
 
-Holds no patching: the hook layer (srt/hooks/common_conn.py) builds one per guarded manager and hands it
+Holds no patching: the hook layer (srt/hooks/connection/common_conn.py) builds one per guarded manager and hands it
 to the gate. Methods run on the rank socket's reading thread, `claimed` is also added to and removed
 from on the scheduler thread (set add / discard are atomic under the GIL; `prune` copies before iterating).
 

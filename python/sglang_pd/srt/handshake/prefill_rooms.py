@@ -8,7 +8,7 @@ failure remembered for late transfer infos.
                      tell_failure(...) (once no write into their pages can still land: ManagerHost) and
                      end_claim(...) (unclaimed, unbound from its prompt; a failure buried in failed_rooms)
 
-Called by the sender hooks in srt/hooks/common_conn.py with plain values (room, failed, why); the
+Called by the sender hooks in srt/hooks/connection/common_conn.py with plain values (room, failed, why); the
 collaborators are those the KV-manager hook installed (any may be None: that part is skipped).
 Scheduler thread; each collaborator has its own lock where the rank socket's reader shares it.
 """

@@ -1,7 +1,7 @@
 """What a guarded rank socket is built from: the `FrameLimits` of a KV manager's pools, the libzmq frame
 cap, prefill's DCP place, whether its reader may hold SGLang's clears, and the PD threads its manager runs.
 
-The hook on `CommonKVManager.__init__` (srt/hooks/common_conn.py) asks these questions and wires the
+The hook on `CommonKVManager.__init__` (srt/hooks/connection/common_conn.py) asks these questions and wires the
 answers; nothing here patches SGLang or imports it (managers and KVArgs are read by attribute).
 """
 

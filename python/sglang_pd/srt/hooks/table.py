@@ -2,10 +2,9 @@
 
 Adding a hook anywhere else is a bug: `plugin.register()` applies exactly this table, and the unit tier checks
 that every target still resolves in the pinned SGLang and that every hook's signature matches its target's
-(names, kinds, defaults). Rows are grouped by the upstream module or class they patch (`_on`); the functions
-live beside this file, one module per upstream module or class (`DecodePreallocQueue` has two: its admission,
-decode_prealloc_queue.py, and its hand-off, decode_handoff.py). `REGISTRY_TABLE` lists the names we add to
-SGLang's own registries (nothing patched: SGLang looks the name up itself), e.g. our attention backend.
+(names, kinds, defaults). Rows are grouped by the upstream module or class they patch (`_on`); the functions live
+in scheduling/, connection/, frontend/ (one module per upstream module or class, two for DecodePreallocQueue).
+`REGISTRY_TABLE`: names we add to SGLang's own registries (SGLang looks them up itself), e.g. our attention backend.
 """
 
 from __future__ import annotations
@@ -13,11 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from sglang_pd.srt.hooks import (attention_backend, bootstrap_server, common_conn, common_utils, decode_handoff,
-                                 decode_prealloc_queue, decode_scheduler, detokenizer_manager, http_server,
-                                 io_struct, mem_cache_common, mooncake_conn, network, nixl_api, nixl_conn,
-                                 output_streamer, prefill, prefix_cache, requests_sessions, schedule_batch,
-                                 scheduler, tokenizer_manager)
+from sglang_pd.srt.hooks import attention_backend
+from sglang_pd.srt.hooks.connection import (bootstrap_server, common_conn, common_utils, mooncake_conn, network,
+                                            nixl_api, nixl_conn, requests_sessions)
+from sglang_pd.srt.hooks.frontend import detokenizer_manager, http_server, io_struct, output_streamer, tokenizer_manager
+from sglang_pd.srt.hooks.scheduling import (decode_handoff, decode_prealloc_queue, decode_scheduler,
+                                            mem_cache_common, prefill, prefix_cache, schedule_batch, scheduler)
 from sglang_pd.srt.state import ProcessKind
 
 _DISAGG, _MGR, _MEM = "sglang.srt.disaggregation", "sglang.srt.managers", "sglang.srt.mem_cache"

@@ -4,7 +4,7 @@ In -> out: an aiohttp request to /route, /register_dp_rank or /query_dp_ranks ->
 400 (malformed, `bootstrap_http.request_problem`) or SGLang's own answer, tagged over the request's
 nonce when a secret is configured. Other paths pass untouched. Refusals are counted through `count`
 (metric name) and in `guard.http` (per reason; logged once per peer). Built by the hook on
-`CommonKVBootstrapServer._setup_routes` (srt/hooks/bootstrap_server.py).
+`CommonKVBootstrapServer._setup_routes` (srt/hooks/connection/bootstrap_server.py).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 Upstream's health check runs one token through the scheduler, which still works when the PD threads
 beside it (bootstrap, status listener, transfer workers) have died, so a server that can no longer
 pair a single request reported healthy. This ASGI middleware turns a 200 into a 503 naming the dead
-threads, which the callable it is given reports (srt/hooks/http_server.py: the schedulers' thread
+threads, which the callable it is given reports (srt/hooks/frontend/http_server.py: the schedulers' thread
 watches over SGLang's get_internal_state channel, and prefill's bootstrap HTTP thread), asked at most
 once a second, concurrent callers sharing one question.
 """

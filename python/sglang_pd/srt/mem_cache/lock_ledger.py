@@ -1,7 +1,7 @@
 """LockLedger: every radix-tree lock with its owner and lifecycle state, released exactly once.
 
 SGLang hands out `TreeLock` objects from `BasePrefixCache.lock(node)` and takes them back in
-`unlock(lock)`. The ledger sits on both (srt/hooks/prefix_cache.py): each lock taken is recorded with
+`unlock(lock)`. The ledger sits on both (srt/hooks/scheduling/prefix_cache.py): each lock taken is recorded with
 its owner (a request id), node and `LockState`; every state change goes through `transition()`,
 which refuses what `TRANSITIONS` does not allow. A second release of the same lock is such a refused
 change: counted, logged, and NOT passed on to the tree (it would drive lock_ref negative and make

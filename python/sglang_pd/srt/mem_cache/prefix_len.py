@@ -11,7 +11,7 @@ never writes into a page decode's tree owns. Two checks of it, one per place the
                      pool this size can hold, 0 <= decode_prefix_len <= max_kv_pages * page_size.
   `check_for_prompt` the whole invariant, where the prompt is known: decode admission
                      (srt/admission/decode_admission.py) on the tree's match before it locks it, and
-                     prefill (srt/hooks/prefill.py, at finalize_bootstrap) on what decode sent.
+                     prefill (srt/hooks/scheduling/prefill.py, at finalize_bootstrap) on what decode sent.
 
 A value that breaks it on prefill can only come from a broken or hostile decode: prefill fails that
 request through SGLang's failure path (reason recorded, decode told); on decode it is a tree bug,

@@ -8,7 +8,7 @@ Decode's `cached_tokens` is copied from prefill; these say what decode itself re
                                "decode_local" (decode-local prefill; prefill declined the request)
   decode_local_prefill_tokens  prompt tokens decode computed itself (0 on the PD path)
 Request-level keys are emitted once (at finish, or with the first streamed chunk); the HTTP-side
-hook (srt/hooks/tokenizer_manager.py) turns SGLang's accumulated one-element list back into a
+hook (srt/hooks/frontend/tokenizer_manager.py) turns SGLang's accumulated one-element list back into a
 number. Streamed chunks after the first carry SGLang's accumulated one-element list again (that path
 bypasses the hook); clients of streams read `v[0]` (see bench/pd_client.py).
 """

@@ -3,7 +3,7 @@
     StepMeter --samples--> StepTimeModel --> decide_admission   (SGLANG_PD_ITL_TARGET_MS)
     entries / admissions --> TtftPredictor --> decide_rejection (SGLANG_PD_TTFT_TARGET_MS)
 
-Hooks (srt/hooks/scheduler.py, decode_scheduler.py, decode_prealloc_queue.py) call `on_step_start`,
+Hooks (srt/hooks/scheduling/scheduler.py, decode_scheduler.py, decode_prealloc_queue.py) call `on_step_start`,
 `on_local_extend`, `admission_for`, `on_admitted` and `on_entry`; each returns plain values, never touches SGLang objects. Without either target the controller still
 measures steps (observability) but never limits or refuses anything. Scheduler thread only.
 """

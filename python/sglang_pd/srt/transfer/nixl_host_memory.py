@@ -1,7 +1,7 @@
 """NIXL with the KV pool in host memory: the scope in which a host-memory manager is built (logic).
 
 Upstream registers every KV buffer with NIXL as "VRAM"; with a CPU KV pool UCX refuses it and the
-server dies at start-up. On a CPU device the hooks (srt/hooks/nixl_conn.py, nixl_api.py) declare the
+server dies at start-up. On a CPU device the hooks (srt/hooks/connection/nixl_conn.py, nixl_api.py) declare the
 buffers "DRAM" and build the manager's agent inside a `HostMemoryScope`, where its busy-polling
 progress thread is turned off; prefill's transfer worker then drives progress itself.
 

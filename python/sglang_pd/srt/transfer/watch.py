@@ -2,7 +2,7 @@
 and the injected send failure, send delay and worker error of the tests (logic).
 
 Upstream's transfer workers (both backends) take one chunk at a time from a queue; the hook on that
-queue (srt/hooks/common_utils.py) tells `TransferWatch` which room the thread now serves, so pages
+queue (srt/hooks/connection/common_utils.py) tells `TransferWatch` which room the thread now serves, so pages
 are counted per room where the backend is asked to move them.
 
 A NIXL transfer that never completes would spin its worker forever (upstream's wait is unbounded

@@ -8,7 +8,7 @@ second read raised KeyError (docs/fresh_clone/ci_run_0b55ee0_failed.log). Later 
 keep the worker alive (sgl-project/sglang PRs #27162, #28003); 0.5.23 does not. The NIXL worker of
 0.5.23 already fails only the room.
 
-The hook (srt/hooks/mooncake_conn.py) hands upstream's worker loop a `ChunkTap` over its queue, so it
+The hook (srt/hooks/connection/mooncake_conn.py) hands upstream's worker loop a `ChunkTap` over its queue, so it
 knows the chunk in hand when the loop raises. It then calls `recover_room` and runs the loop again
 on the same queue. `recover_room` reads the room's state on the manager and settles it:
 

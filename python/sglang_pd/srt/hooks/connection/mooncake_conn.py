@@ -8,7 +8,7 @@ import time
 
 from sglang_pd.srt.transfer.batches import descriptor_batches
 from sglang_pd.srt.transfer.worker_recovery import ChunkTap, record, recover_room
-from sglang_pd.srt.hooks.common_conn import consume_decline_first
+from sglang_pd.srt.hooks.connection.common_conn import consume_decline_first
 from sglang_pd.srt.state import current
 
 

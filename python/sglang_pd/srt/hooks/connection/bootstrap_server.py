@@ -1,6 +1,6 @@
 """Hook on SGLang's `CommonKVBootstrapServer` (disaggregation/common/conn.py, prefill's HTTP process):
 its routes authenticated and checked before SGLang's handlers store anything. The guard itself is
-srt/http/bootstrap_middleware.py; the client side is srt/hooks/requests_sessions.py."""
+srt/http/bootstrap_middleware.py; the client side is srt/hooks/connection/requests_sessions.py."""
 
 from __future__ import annotations
 

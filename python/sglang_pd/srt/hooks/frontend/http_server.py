@@ -107,7 +107,7 @@ def before_launch_server(server_args, init_tokenizer_manager_func=None, run_sche
 
 
 async def _refresh_schedulers() -> None:
-    """Every scheduler runs its integrity check (and updates its gauges) now: see srt/hooks/scheduler.py."""
+    """Every scheduler runs its integrity check (and updates its gauges) now: see srt/hooks/scheduling/scheduler.py."""
     await _scheduler_states()
 
 

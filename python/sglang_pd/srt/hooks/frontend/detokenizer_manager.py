@@ -3,7 +3,7 @@ threads without wake-up preemption (srt/threads/helper_threads.py)."""
 
 from __future__ import annotations
 
-from sglang_pd.srt.hooks.tokenizer_manager import is_pd_server
+from sglang_pd.srt.hooks.frontend.tokenizer_manager import is_pd_server
 from sglang_pd.srt.state import current
 
 

@@ -36,7 +36,7 @@ from sglang_pd.srt.handshake.rank_socket import (expected_threads, frame_limits,
                                                  unguarded_with_secret, with_dcp_place, zmq_frame_cap)
 from sglang_pd.srt.handshake.room_expiry import RoomTombstones, UnclaimedRooms
 from sglang_pd.srt.handshake.sockets import Between, GuardedSocket, HeldRooms, SigningSocket
-from sglang_pd.srt.hooks.network import rank_socket_options
+from sglang_pd.srt.hooks.connection.network import rank_socket_options
 from sglang_pd.srt.mem_cache.page_math import bytes_per_page
 from sglang_pd.srt.state import current, mode_name
 from sglang_pd.srt.threads.thread_watch import ThreadRole, ThreadWatch, Watchdog

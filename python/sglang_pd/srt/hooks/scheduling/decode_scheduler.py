@@ -126,7 +126,7 @@ def _join_local_extend(running_batch):
 
 def _build_local_extend(scheduler, running_batch):
     """An EXTEND batch of the queued local requests due now (None if none), prepared for the forward;
-    its allocation is the requests' preallocated pages (srt/hooks/schedule_batch.py)."""
+    its allocation is the requests' preallocated pages (srt/hooks/scheduling/schedule_batch.py)."""
     from sglang.srt.managers.schedule_batch import ScheduleBatch
     from sglang.srt.observability.req_time_stats import set_schedule_time_batch, set_time_batch
 

@@ -1,0 +1,1 @@
+"""Hooks on SGLang's scheduler: its event loop, the decode queues, prefill's bootstrap queue, batches and the radix tree."""
