@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import make_req
-from sglang_pd.srt.local_prefill.decision import FallbackReason, decide
+from sglang_pd.srt.local_prefill.decision import LocalFallback, decide
 from sglang_pd.srt.local_prefill.queue import LocalPrefill, LocalState, LocalTransitionError
 from sglang_pd.srt.mem_cache.page_math import RequestKind
 from sglang_pd.srt.mem_cache.standalone import paged_tree
@@ -24,9 +24,9 @@ pytestmark = pytest.mark.unit
     (16, 100, 80, False, None, (False, 20, None)),          # too much uncached: prefill computes it
     (16, 100, 84, False, None, (True, 16, None)),           # exactly the threshold: local
     (16, 100, 99, False, None, (True, 1, None)),
-    (16, 100, 100, False, None, (False, 0, FallbackReason.FULL_PREFIX_HIT)),
-    (16, 100, 90, True, None, (False, 10, FallbackReason.INPUT_LOGPROBS)),
-    (16, 100, 90, False, "grammar", (False, 10, FallbackReason.UNSUPPORTED_REQUEST)),
+    (16, 100, 100, False, None, (False, 0, LocalFallback.FULL_PREFIX_HIT)),
+    (16, 100, 90, True, None, (False, 10, LocalFallback.INPUT_LOGPROBS)),
+    (16, 100, 90, False, "grammar", (False, 10, LocalFallback.UNSUPPORTED_REQUEST)),
     (16, 20, 0, False, None, (False, 20, None)),           # a short prompt with no hit is still too much
     (32, 20, 0, False, None, (True, 20, None)),            # ... unless the threshold covers it
 ])
@@ -50,9 +50,9 @@ def test_fallbacks_are_counted_by_reason_and_off_counts_nothing():
     lora.lora_id = "adapter-1"
     assert lp.decide(lora, 90).detail == "LoRA adapter"
     lp.enqueue(_req("live"), 90, 10)
-    assert lp.decide(make_req("live", prompt), 90).fallback is FallbackReason.DUPLICATE_RID
-    lp.count_fallback(FallbackReason.DECLINE_UNSENT)
-    assert lp.snapshot()["fallbacks"] == {r.value: 1 for r in FallbackReason}
+    assert lp.decide(make_req("live", prompt), 90).fallback is LocalFallback.DUPLICATE_RID
+    lp.count_fallback(LocalFallback.DECLINE_UNSENT)
+    assert lp.snapshot()["fallbacks"] == {r.value: 1 for r in LocalFallback}
     off = LocalPrefill(0, 64, PDCounters())
     assert not off.enabled and off.decide(make_req("off", prompt), 99).local is False
     assert all(v == 0 for v in off.snapshot()["fallbacks"].values())
@@ -296,7 +296,7 @@ def test_failed_extend_and_pd_fallback_leave_nothing_behind(world):
     pd, prefix_len, _ = world.admit("fallback", list(range(1, 41)) + [60, 61])
     pd.return_logprob, pd.logprob_start_len = True, 0
     decision = world.state.local_prefill.decide(pd, prefix_len)
-    assert not decision.local and decision.fallback is FallbackReason.INPUT_LOGPROBS
+    assert not decision.local and decision.fallback is LocalFallback.INPUT_LOGPROBS
     assert world.state.lock_ledger.owners() == {"fallback": 1}
     release_kv_cache(pd, world.tree, checkpoint=False)
     assert world.clean()

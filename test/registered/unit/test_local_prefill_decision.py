@@ -5,7 +5,7 @@ a live duplicate rid) and the order its reasons are given in."""
 import pytest
 
 from conftest import make_req
-from sglang_pd.srt.local_prefill.decision import FallbackReason, decide
+from sglang_pd.srt.local_prefill.decision import LocalFallback, decide
 from sglang_pd.srt.mem_cache.page_math import RequestKind
 
 pytestmark = pytest.mark.unit
@@ -33,12 +33,12 @@ def test_a_plain_request_within_the_threshold_is_local():
 ])
 def test_each_unsupported_feature_goes_to_prefill_named(attr, what):
     got = decide(16, _req(**{attr: object()}), 90)
-    assert (got.local, got.fallback, got.detail) == (False, FallbackReason.UNSUPPORTED_REQUEST, what)
+    assert (got.local, got.fallback, got.detail) == (False, LocalFallback.UNSUPPORTED_REQUEST, what)
 
 
 @pytest.mark.parametrize("return_logprob,start,expected", [
-    (True, 0, FallbackReason.INPUT_LOGPROBS),
-    (True, 99, FallbackReason.INPUT_LOGPROBS),   # the last prompt position
+    (True, 0, LocalFallback.INPUT_LOGPROBS),
+    (True, 99, LocalFallback.INPUT_LOGPROBS),   # the last prompt position
     (True, 100, None),                            # past the prompt: output logprobs only, decode returns them
     (True, -1, None),                             # SGLang's "no prompt logprobs"
     (False, 0, None),
@@ -56,12 +56,12 @@ def test_warmup_health_checks_and_rebootstraps_are_not_considered(kind):
 
 def test_a_live_duplicate_rid_goes_to_prefill_only_when_it_would_be_local():
     got = decide(16, _req(), 90, rid_is_live=True)
-    assert (got.local, got.fallback) == (False, FallbackReason.DUPLICATE_RID)
+    assert (got.local, got.fallback) == (False, LocalFallback.DUPLICATE_RID)
     assert decide(16, _req(), 50, rid_is_live=True).fallback is None  # over the threshold: plain PD
-    assert decide(16, _req(grammar=object()), 90, rid_is_live=True).fallback is FallbackReason.UNSUPPORTED_REQUEST
+    assert decide(16, _req(grammar=object()), 90, rid_is_live=True).fallback is LocalFallback.UNSUPPORTED_REQUEST
 
 
 def test_reasons_come_in_order_full_hit_logprobs_unsupported():
     both = dict(return_logprob=True, logprob_start_len=0, lora_id="adapter")
-    assert decide(16, _req(**both), 100).fallback is FallbackReason.FULL_PREFIX_HIT
-    assert decide(16, _req(**both), 90).fallback is FallbackReason.INPUT_LOGPROBS
+    assert decide(16, _req(**both), 100).fallback is LocalFallback.FULL_PREFIX_HIT
+    assert decide(16, _req(**both), 90).fallback is LocalFallback.INPUT_LOGPROBS

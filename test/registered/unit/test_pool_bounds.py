@@ -26,7 +26,7 @@ from sglang_pd.harness.hostile_peer import Templates
 from sglang_pd.srt.wire.fields import FrameError, FrameLimits, Side
 from sglang_pd.srt.handshake.gate import HandshakeGate
 from sglang_pd.srt.handshake.gate_host import PeerRecord
-from sglang_pd.srt.wire.pool_bounds import (MARKER, MAX_STATE_TYPES, PoolBounds, bounds_frame, bounds_of,
+from sglang_pd.srt.wire.pool_bounds import (BOUNDS_MARKER, MAX_STATE_TYPES, PoolBounds, bounds_frame, bounds_of,
                                                        split_bounds)
 from sglang_pd.srt.hooks.connection import common_conn
 
@@ -163,7 +163,7 @@ def test_a_registration_without_bounds_clears_them_and_our_frame_elsewhere_is_re
     assert g.admit(t.transfer_info(4, [100], aux_index=7), "p") is not None  # served as upstream would
     assert g.admit(t.transfer_info(5, [1]) + [bounds_frame(PoolBounds(4, 2))], "p") is None
     assert "pool bounds frame ends a transfer_info" in g.snapshot()["peers"]["p"]["last"]
-    assert g.admit(t.registration([4096], ITEM) + [MARKER + b"4"], "p") is None  # ours, unreadable
+    assert g.admit(t.registration([4096], ITEM) + [BOUNDS_MARKER + b"4"], "p") is None  # ours, unreadable
     assert g.counts.num_out_of_pool == 2
 
 
@@ -187,7 +187,7 @@ def test_bounds_of_skips_empty_entries_and_the_frame_round_trips():
     assert split_bounds([b"a", b"b"]) == ([b"a", b"b"], None)
     for bad in (b"", b"1", b"-1,2", b"1,2,3", b"1e3,2"):
         with pytest.raises(FrameError, match="pool bounds frame"):
-            split_bounds([MARKER + bad])
+            split_bounds([BOUNDS_MARKER + bad])
 
 
 def test_state_bounds_frame_round_trips_and_the_two_number_frame_still_reads():
@@ -197,27 +197,27 @@ def test_state_bounds_frame_round_trips_and_the_two_number_frame_still_reads():
                               state_item_lens=[[MAMBA_ITEM, MAMBA_ITEM, MAMBA_ITEM], [SWA_ITEM], [64]])
     bounds = bounds_of(kv_args)
     assert bounds == PoolBounds(10, 5, (7, 32, 0))  # per state type the shortest non-empty buffer; 0: no lengths
-    assert bounds_frame(bounds) == MARKER + b"10,5;7,32,0"
+    assert bounds_frame(bounds) == BOUNDS_MARKER + b"10,5;7,32,0"
     assert split_bounds([b"a", bounds_frame(bounds)]) == ([b"a"], bounds)
     assert split_bounds([bounds_frame(PoolBounds(10, 5, ()))]) == ([], PoolBounds(10, 5, ()))  # no state pools
     # the previous version's frame: state bounds unknown
-    assert split_bounds([b"a", MARKER + b"10,5"]) == ([b"a"], PoolBounds(10, 5, None))
-    assert bounds_frame(PoolBounds(10, 5)) == MARKER + b"10,5"
+    assert split_bounds([b"a", BOUNDS_MARKER + b"10,5"]) == ([b"a"], PoolBounds(10, 5, None))
+    assert bounds_frame(PoolBounds(10, 5)) == BOUNDS_MARKER + b"10,5"
     most = PoolBounds(1, 2, tuple(range(MAX_STATE_TYPES)))
     assert split_bounds([bounds_frame(most)])[1] == most
 
 
 def test_malformed_state_bounds_frames_are_refused():
     too_many = b"1,2;" + b",".join([b"3"] * (MAX_STATE_TYPES + 1))
-    assert split_bounds([MARKER + b"1,2;3,0"])[1] == PoolBounds(1, 2, (3, 0))  # the well-formed neighbour
+    assert split_bounds([BOUNDS_MARKER + b"1,2;3,0"])[1] == PoolBounds(1, 2, (3, 0))  # the well-formed neighbour
     for bad in (b"1,2;x", b"1,2;1,", b"1,2;,1", b"1,2;-1", b"1,2;1;2", b"1,2;;", b"1,2;1 ", b"1,2;" + b"9" * 13,
                 too_many):
         with pytest.raises(FrameError, match="pool bounds frame"):
-            split_bounds([MARKER + bad])
+            split_bounds([BOUNDS_MARKER + bad])
     lim = FrameLimits("mooncake", Side.PREFILL, 16, 128, 1 << 20)
     g = HandshakeGate(lim, Host(PeerRecord(PEER.ip, PEER.port)), None, None, None)
     t = Templates("mooncake", PEER)
-    assert g.admit(t.registration([4096], ITEM) + [MARKER + too_many], "p") is None  # refused at the gate
+    assert g.admit(t.registration([4096], ITEM) + [BOUNDS_MARKER + too_many], "p") is None  # refused at the gate
     assert "pool bounds frame" in g.snapshot()["peers"]["p"]["last"]
 
 
@@ -326,6 +326,6 @@ def test_state_indices_are_read_by_prefills_own_state_types_and_bounded_by_the_s
     g.host.record = PeerRecord(PEER.ip, PEER.port)
     assert g.admit(info(9, [[0]]), "p") is None
     assert "state indices name 1 state types, more than the 0 state pools" in g.snapshot()["peers"]["p"]["last"]
-    assert g.admit(t.registration([4096], ITEM) + [MARKER + b"16,4"], "p")
+    assert g.admit(t.registration([4096], ITEM) + [BOUNDS_MARKER + b"16,4"], "p")
     assert g.admit(info(10, [[100], [100], [100], [100]]), "p") is not None
     assert g.counts.num_out_of_pool == 5

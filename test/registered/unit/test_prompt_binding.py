@@ -8,7 +8,7 @@ from sglang_pd.harness.hostile_peer import PeerIdentity, Templates
 from sglang_pd.srt.wire.fields import FrameError, FrameLimits, Side
 from sglang_pd.srt.handshake.gate import HandshakeGate
 from sglang_pd.srt.handshake.gate_host import PeerRecord, PeerRemoval
-from sglang_pd.srt.wire.prompt_binding import (DIGEST_BYTES, MARKER, OutgoingDigests, PromptDigests,
+from sglang_pd.srt.wire.prompt_binding import (DIGEST_BYTES, DIGEST_MARKER, OutgoingDigests, PromptDigests,
                                                          digest_frame, prompt_digest, split_digest)
 from sglang_pd.srt.handshake.room_expiry import RoomTombstones, UnclaimedRooms
 
@@ -33,7 +33,7 @@ def test_split_takes_off_only_our_trailing_frame():
     d = prompt_digest([7, 8, 9])
     assert split_digest([*frames, digest_frame(d)]) == (frames, d)
     with pytest.raises(FrameError, match="3 digest bytes, not 16"):
-        split_digest([*frames, MARKER + b"abc"])
+        split_digest([*frames, DIGEST_MARKER + b"abc"])
     mid = [b"5", digest_frame(d), b"x"]                              # not last: not ours to take
     assert split_digest(mid) == (mid, None)
 
@@ -154,7 +154,7 @@ def test_the_gate_takes_the_frame_off_records_it_and_refuses_a_bad_one(backend):
     assert gate.admit(info7, "10.0.0.9") == info7                              # no frame: as upstream
     assert gate.admit([*info, digest_frame(prompt_digest([14]))], "10.0.0.9") is None  # room 5 serves [11, 12, 13]
     assert host.failed[-1][0] == 5 and "already serving in that room" in host.failed[-1][1]
-    assert gate.admit([*t.transfer_info(6, [1]), MARKER + b"short"], "10.0.0.9") is None
+    assert gate.admit([*t.transfer_info(6, [1]), DIGEST_MARKER + b"short"], "10.0.0.9") is None
     room, reason, _ = host.failed[-1]
     assert room == 6 and "prompt digest frame has 5 digest bytes" in reason
     assert len(host.failed) == 2

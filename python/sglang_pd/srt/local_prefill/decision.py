@@ -4,7 +4,7 @@ Taken on decode after admission matched, locked and preallocated the request, an
 info reaches prefill (with SGLang's defaults prefill computes nothing until that info arrives):
 num_uncached = prompt_len - decode_prefix_len. The request is served locally when
 0 < num_uncached <= `threshold`, unless it needs what only prefill's half returns or what the local
-extend does not run; it then goes to prefill as before, with a `FallbackReason` (counted by the queue).
+extend does not run; it then goes to prefill as before, with a `LocalFallback` (counted by the queue).
 Threshold 0 is off: nothing is decided, nothing counted, every request takes the PD path.
 
 Pure: reads the request (duck-typed: SGLang's `Req` or any object with its attributes), mutates nothing,
@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 from sglang_pd.srt.mem_cache.page_math import RequestKind
 
 
-class FallbackReason(str, enum.Enum):
+class LocalFallback(str, enum.Enum):
     """Why a request within the threshold still goes to prefill (counter local_prefill_fallback_<value>_total)."""
 
     INPUT_LOGPROBS = "input_logprobs"            # prompt logprobs: only prefill's half returns them
@@ -34,7 +34,7 @@ class LocalDecision(NamedTuple):
 
     local: bool
     num_uncached: int
-    fallback: FallbackReason | None  # set when the request was within the threshold but goes to prefill
+    fallback: LocalFallback | None  # set when the request was within the threshold but goes to prefill
     detail: str = ""                 # which unsupported feature, or why a duplicate rid, for the log
 
 
@@ -65,13 +65,13 @@ def decide(threshold: int, req: Any, decode_prefix_len: int, *, kind: RequestKin
     if kind is not RequestKind.NORMAL or is_rebootstrap or threshold <= 0 or num_uncached > threshold:
         return LocalDecision(False, num_uncached, None)
     if num_uncached <= 0:
-        return LocalDecision(False, num_uncached, FallbackReason.FULL_PREFIX_HIT)
+        return LocalDecision(False, num_uncached, LocalFallback.FULL_PREFIX_HIT)
     if wants_input_logprobs(req):
-        return LocalDecision(False, num_uncached, FallbackReason.INPUT_LOGPROBS)
+        return LocalDecision(False, num_uncached, LocalFallback.INPUT_LOGPROBS)
     feature = unsupported_feature(req)
     if feature:
-        return LocalDecision(False, num_uncached, FallbackReason.UNSUPPORTED_REQUEST, feature)
+        return LocalDecision(False, num_uncached, LocalFallback.UNSUPPORTED_REQUEST, feature)
     if rid_is_live:
-        return LocalDecision(False, num_uncached, FallbackReason.DUPLICATE_RID,
+        return LocalDecision(False, num_uncached, LocalFallback.DUPLICATE_RID,
                              "another request under this rid is local here")
     return LocalDecision(True, num_uncached, None)

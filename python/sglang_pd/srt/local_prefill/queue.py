@@ -31,7 +31,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-from sglang_pd.srt.local_prefill.decision import FallbackReason, LocalDecision, decide
+from sglang_pd.srt.local_prefill.decision import LocalFallback, LocalDecision, decide
 from sglang_pd.srt.mem_cache.page_math import RequestKind
 from sglang_pd.srt.metrics.pd_metrics import PDCounters
 
@@ -119,7 +119,7 @@ class LocalPrefill:
             self.counters.add(f"local_prefill_fallback_{decision.fallback.value}_total")
         return decision
 
-    def count_fallback(self, reason: FallbackReason) -> None:
+    def count_fallback(self, reason: LocalFallback) -> None:
         """A request decided local goes to prefill after all (e.g. the decline could not be sent)."""
         self.counters.add(f"local_prefill_fallback_{reason.value}_total")
 
@@ -314,7 +314,7 @@ class LocalPrefill:
             "num_failed": count("local_prefill_failed_total"),
             "num_retracted": count("local_prefill_retracted_total"),
             "num_deferred_steps": count("local_prefill_deferred_steps_total"),
-            "fallbacks": {r.value: count(f"local_prefill_fallback_{r.value}_total") for r in FallbackReason},
+            "fallbacks": {r.value: count(f"local_prefill_fallback_{r.value}_total") for r in LocalFallback},
             "num_queued": len(self._queue), "num_extending": len(self._extending),
             "requests": {r.rid: {"state": r.state.value, "decode_prefix_len": r.decode_prefix_len,
                                  "num_uncached": r.num_uncached, "abort_seen": r.abort_seen,

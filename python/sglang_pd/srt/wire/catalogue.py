@@ -21,7 +21,7 @@ import enum
 from typing import NamedTuple
 
 from sglang_pd.srt.wire.fields import Side
-from sglang_pd.srt.wire.room_decline import MARKER as DECLINE_MARKER
+from sglang_pd.srt.wire.room_decline import DECLINE_MARKER
 
 NIXL_GUARD = b"NixlMsgGuard"
 NIXL_STATUS_TAG = b"KV_STATUS"
@@ -99,8 +99,8 @@ _DECLINE_SPEC = MessageSpec(
     "decline", MessageKind.DECLINE,
     _frames(_DECLINE, "ABORT, room, decode ip, decode port, generation 0, decline marker, status, message"),
     tag=b"ABORT", marker=(5, DECLINE_MARKER))
-_BOOTSTRAP = MessageSpec("BOOTSTRAP", MessageKind.BOOTSTRAP, _frames(_COMMON, "BOOTSTRAP, room, decode ip, decode port"),
-                         tag=b"BOOTSTRAP")
+_BOOTSTRAP = MessageSpec(
+    "BOOTSTRAP", MessageKind.BOOTSTRAP, _frames(_COMMON, "BOOTSTRAP, room, decode ip, decode port"), tag=b"BOOTSTRAP")
 _WATERMARK = MessageSpec("WATERMARK", MessageKind.STAGING, _frames(_STAGING, "WATERMARK, round, tail", "session"),
                          tag=b"WATERMARK", staging=True)
 _STAGING_RSP = MessageSpec(
@@ -114,8 +114,8 @@ _CHUNK_READY = MessageSpec(
     "CHUNK_READY", MessageKind.STAGING,
     _frames(_COMMON, "CHUNK_READY, room, chunk, page start, num pages, writer id", "prefill rank"),
     tag=b"CHUNK_READY", staging=True)
-_ABORT_ACK = MessageSpec("ABORT_ACK", MessageKind.ABORT_ACK, _frames(_COMMON, "ABORT_ACK, room", "prefill rank, generation"),
-                         tag=b"ABORT_ACK")
+_ABORT_ACK = MessageSpec(
+    "ABORT_ACK", MessageKind.ABORT_ACK, _frames(_COMMON, "ABORT_ACK, room", "prefill rank, generation"), tag=b"ABORT_ACK")
 
 _MOONCAKE_PREFILL = (
     _DECLINE_SPEC, _ABORT, _BOOTSTRAP, _WATERMARK, _STAGING_RSP,

@@ -9,7 +9,7 @@ one inside it, and writes outside the pool (anywhere in the decode process the t
 NIXL's registration carries the KV page count (`dst_num_slots`) and, from decodes that send it, the state
 buffers' lengths, but no aux buffer length.
 
-  decode: its registration ends with one frame of ours, MARKER + b"<kv pages>,<aux slots>;<state slots>"
+  decode: its registration ends with one frame of ours, BOUNDS_MARKER + b"<kv pages>,<aux slots>;<state slots>"
           (ASCII; <state slots> one count per state type, in decode's state order, comma separated, empty
           when it has no state pools), from its own kv_args (the lengths it registers with its transfer
           engine); each count is the shortest non-empty buffer's data_len // item_len;
@@ -18,7 +18,7 @@ buffers' lengths, but no aux buffer length.
           KV), aux index or state index of type i is not below them, or that lists indices for more state
           types than decode has pools; the room fails like any malformed transfer info's.
 
-The frame of the previous version, MARKER + b"<kv pages>,<aux slots>", still reads: its state bounds are
+The frame of the previous version, BOUNDS_MARKER + b"<kv pages>,<aux slots>", still reads: its state bounds are
 unknown and state indices are checked only for count and sign. A bound of 0 (a pool reporting no
 lengths) is not checked. Prefill reads each state type's list the way it computes addresses from it, by
 its own state type at that position (both sides list their state types in one order): a DSA tail list
@@ -39,7 +39,7 @@ from typing import NamedTuple, Sequence
 
 from sglang_pd.srt.wire.fields import MAX_STATE_LISTS, FrameError, IndexSpan, shown
 
-MARKER = b"sglang_pd:pool-bounds:"
+BOUNDS_MARKER = b"sglang_pd:pool-bounds:"
 MAX_STATE_TYPES = MAX_STATE_LISTS  # as many as a transfer info may list state indices for
 _BODY = re.compile(rb"([0-9]{1,12}),([0-9]{1,12})(?:;((?:[0-9]{1,12}(?:,[0-9]{1,12}){0,%d})?))?"
                    % (MAX_STATE_TYPES - 1))
@@ -80,16 +80,16 @@ def bounds_frame(bounds: PoolBounds) -> bytes:
     body = f"{int(bounds.kv_pages)},{int(bounds.aux_slots)}"
     if bounds.state_slots is not None:
         body += ";" + ",".join(str(int(n)) for n in bounds.state_slots)
-    return MARKER + body.encode("ascii")
+    return BOUNDS_MARKER + body.encode("ascii")
 
 
 def split_bounds(frames: list[bytes]) -> tuple[list[bytes], PoolBounds | None]:
     """(frames without a trailing bounds frame, its bounds or None). Raises FrameError when the last frame
-    is ours but not MARKER + b"<pages>,<slots>" with an optional b";<state slots>" (at most
+    is ours but not BOUNDS_MARKER + b"<pages>,<slots>" with an optional b";<state slots>" (at most
     MAX_STATE_TYPES counts)."""
-    if not frames or bytes(frames[-1][:len(MARKER)]) != MARKER:
+    if not frames or bytes(frames[-1][:len(BOUNDS_MARKER)]) != BOUNDS_MARKER:
         return frames, None
-    body = bytes(frames[-1][len(MARKER):])
+    body = bytes(frames[-1][len(BOUNDS_MARKER):])
     match = _BODY.fullmatch(body)
     if match is None:
         raise FrameError(f"pool bounds frame {shown(body)} is not '<kv pages>,<aux slots>' with an optional "

@@ -7,7 +7,7 @@ exactly another prompt's continuation, computed from that prompt's KV. The halve
 their prompt:
 
   decode: the transfer info it sends for a room ends with one frame of ours,
-          MARKER + the first 16 bytes of SHA-256 over the prompt's token ids (int64, little-endian);
+          DIGEST_MARKER + the first 16 bytes of SHA-256 over the prompt's token ids (int64, little-endian);
   prefill: the handshake gate takes that frame off (SGLang's parser never sees it) and records the
           digest for the room; when the room's request finishes its bootstrap (before any page is
           sent), the digest of ITS prompt must equal the recorded one, else the request is failed
@@ -36,7 +36,7 @@ import numpy as np
 
 from sglang_pd.srt.wire.fields import FrameError
 
-MARKER = b"sglang_pd:prompt-sha256/16:"
+DIGEST_MARKER = b"sglang_pd:prompt-sha256/16:"
 DIGEST_BYTES = 16
 MAX_ROOMS = 65536  # recorded rooms kept (oldest dropped first); a room's own transfer info always rewrites it
 
@@ -48,18 +48,18 @@ def prompt_digest(input_ids: Sequence[int]) -> bytes:
 
 def digest_frame(digest: bytes) -> bytes:
     """The frame decode appends to a transfer info."""
-    return MARKER + digest
+    return DIGEST_MARKER + digest
 
 
 def split_digest(frames: list[bytes]) -> tuple[list[bytes], bytes | None]:
     """(frames without a trailing digest frame, its digest or None). Raises FrameError when the last
-    frame is ours but not MARKER + 16 bytes."""
-    if not frames or bytes(frames[-1][:len(MARKER)]) != MARKER:
+    frame is ours but not DIGEST_MARKER + 16 bytes."""
+    if not frames or bytes(frames[-1][:len(DIGEST_MARKER)]) != DIGEST_MARKER:
         return frames, None
     last = bytes(frames[-1])
-    if len(last) != len(MARKER) + DIGEST_BYTES:
-        raise FrameError(f"prompt digest frame has {len(last) - len(MARKER)} digest bytes, not {DIGEST_BYTES}")
-    return list(frames[:-1]), last[len(MARKER):]
+    if len(last) != len(DIGEST_MARKER) + DIGEST_BYTES:
+        raise FrameError(f"prompt digest frame has {len(last) - len(DIGEST_MARKER)} digest bytes, not {DIGEST_BYTES}")
+    return list(frames[:-1]), last[len(DIGEST_MARKER):]
 
 
 class PromptDigests:

@@ -7,7 +7,7 @@ the answer; prefill only carries it out.
 
 Wire (decode -> prefill, the same per-rank bootstrap socket as upstream's ABORT):
 
-    [b"ABORT", room, decode_ip, decode_port, b"0", MARKER, status, message]
+    [b"ABORT", room, decode_ip, decode_port, b"0", DECLINE_MARKER, status, message]
 
 Upstream's own parser (`AbortNotification.from_zmq`) reads the first five frames (generation 0 is
 never a real one) and ignores the rest, so a prefill without this plugin still aborts the room (and
@@ -37,7 +37,7 @@ from typing import Callable
 from sglang_pd.srt.metrics.pd_metrics import PDCounters
 
 ABORT_TAG = b"ABORT"          # upstream's tag (disaggregation/common/conn.py); no new tag is invented
-MARKER = b"sglang_pd:decline"
+DECLINE_MARKER = b"sglang_pd:decline"
 _NO_GENERATION = b"0"         # upstream generations start at 1: 0 arms no drain-ack anywhere
 _OK = b"200"                  # status frame for "answer HTTP 200" (an abort with status_code None)
 
@@ -67,7 +67,7 @@ def decline_frames(notice: DeclineNotice, decode_ip: str, decode_port: int) -> l
     """The multipart message decode sends to each prefill rank of the room (pure)."""
     status = _OK if notice.status is None else str(notice.status).encode("ascii")
     return [ABORT_TAG, str(notice.room).encode("ascii"), decode_ip.encode("ascii"),
-            str(decode_port).encode("ascii"), _NO_GENERATION, MARKER, status, notice.message.encode("utf-8")]
+            str(decode_port).encode("ascii"), _NO_GENERATION, DECLINE_MARKER, status, notice.message.encode("utf-8")]
 
 
 def parse_decline(frames: list[bytes]) -> DeclineNotice | None:
@@ -75,7 +75,7 @@ def parse_decline(frames: list[bytes]) -> DeclineNotice | None:
 
     Raises DeclineError when the marker is there but the rest is unreadable.
     """
-    if len(frames) < 6 or frames[0] != ABORT_TAG or frames[5] != MARKER:
+    if len(frames) < 6 or frames[0] != ABORT_TAG or frames[5] != DECLINE_MARKER:
         return None
     if len(frames) != 8:
         raise DeclineError(f"decline has {len(frames)} frames, expected 8")

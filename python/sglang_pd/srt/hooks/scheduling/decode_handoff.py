@@ -19,7 +19,7 @@ from sglang_pd.srt.admission.room_renewal import mark_declined
 from sglang_pd.srt.fault_injection import Fault
 from sglang_pd.srt.wire.room_decline import DeclineNotice
 from sglang_pd.srt.handshake.decline_delivery import send_decline
-from sglang_pd.srt.local_prefill.decision import FallbackReason, LocalDecision
+from sglang_pd.srt.local_prefill.decision import LocalFallback, LocalDecision
 from sglang_pd.srt.mem_cache.page_math import RequestKind, bytes_per_page, kv_to_page_num, request_kind
 from sglang_pd.srt.metrics.request_fields import PATH_DECODE_LOCAL, attach_request_fields
 from sglang_pd.srt.state import current
@@ -95,7 +95,7 @@ def _serve_locally(decode_req, decode_prefix_len: int) -> bool:
                           req.rid)
         return False
     if decision.fallback is not None:
-        log = logger.warning if decision.fallback is FallbackReason.DUPLICATE_RID else logger.info
+        log = logger.warning if decision.fallback is LocalFallback.DUPLICATE_RID else logger.info
         log("sglang_pd: %s goes to prefill: %s %s", req.rid, decision.fallback.value, decision.detail)
     if not decision.local:
         return False
@@ -106,7 +106,7 @@ def _serve_locally(decode_req, decode_prefix_len: int) -> bool:
         send_decline(decode_req.kv_receiver, notice)
     except Exception:  # prefill was not told: it must compute the request, so the PD path serves it
         state.hook_failed("send_decline", "could not decline room %s to prefill; %s goes to prefill", room, req.rid)
-        state.local_prefill.count_fallback(FallbackReason.DECLINE_UNSENT)
+        state.local_prefill.count_fallback(LocalFallback.DECLINE_UNSENT)
         return False
     try:
         _enqueue_local(decode_req, decode_prefix_len, decision)
