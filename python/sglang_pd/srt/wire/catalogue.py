@@ -115,7 +115,8 @@ _CHUNK_READY = MessageSpec(
     _frames(_COMMON, "CHUNK_READY, room, chunk, page start, num pages, writer id", "prefill rank"),
     tag=b"CHUNK_READY", staging=True)
 _ABORT_ACK = MessageSpec(
-    "ABORT_ACK", MessageKind.ABORT_ACK, _frames(_COMMON, "ABORT_ACK, room", "prefill rank, generation"), tag=b"ABORT_ACK")
+    "ABORT_ACK", MessageKind.ABORT_ACK, _frames(_COMMON, "ABORT_ACK, room", "prefill rank, generation"),
+    tag=b"ABORT_ACK")
 
 _MOONCAKE_PREFILL = (
     _DECLINE_SPEC, _ABORT, _BOOTSTRAP, _WATERMARK, _STAGING_RSP,
