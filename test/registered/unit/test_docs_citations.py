@@ -45,7 +45,7 @@ RESULTS = ROOT / "docs" / "results"
 PACKAGE = ROOT / "python" / "sglang_pd"
 REPO_ROOTS = ("docs/", "scripts/", "python/", "test/")
 EXTENSIONS = {".py", ".c", ".h", ".md", ".json", ".jsonl", ".log", ".png", ".txt", ".gz", ".sh", ".diff", ".out",
-              ".toml", ".yaml", ".yml", ".cfg", ".txt"}
+              ".toml", ".yaml", ".yml", ".cfg"}
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 SPAN = re.compile(r"`([^`]+)`")
 FENCE = re.compile(r"^```.*?^```[^\n]*$", re.MULTILINE | re.DOTALL)
