@@ -276,3 +276,16 @@ def problems(environ: Mapping[str, str] | None = None) -> list[str]:
     """Problems with the settings in `environ` (default os.environ), one message each; [] if fine."""
     return _parse(os.environ if environ is None else environ)[1]
 
+
+def markdown_table() -> str:
+    """The README's settings table, generated from SETTINGS (read-only): name, default, help text."""
+    rows = ["| setting | default | what it does |", "|---|---|---|"]
+    for setting in SETTINGS:
+        default = "unset" if setting.default is None else f"`{setting.default}`"
+        help_text = setting.help.replace("|", r"\|")  # a bare | would end the cell
+        rows.append(f"| `{setting.name}` | {default} | {help_text} |")
+    return "\n".join(rows)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

@@ -4,11 +4,12 @@
 #     twice each: weight values must not change the CPU cost;
 #  2. every configuration the README compares, with its identical-output counts, on the new models.
 # usage: scripts/bench/models_rerun.sh OLD_CHECKOUT [OUT_DIR]   (OLD_CHECKOUT: a worktree of the code before
-#        the checkpoints, e.g. `git worktree add /tmp/old 6157fea`; OUT_DIR default docs/models)
+#        the checkpoints, e.g. `git worktree add /tmp/old 6157fea`; OUT_DIR default docs/results/evidence;
+#        the speed_* runs are folded into speed_summary.json there by scripts/docs/fold_series.py)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 OLD=$(cd "$1" && pwd)
-OUT=${2:-$ROOT/docs/models}
+OUT=${2:-$ROOT/docs/results/evidence}
 PY="$ROOT/.venv/bin/python"
 cd "$ROOT"
 run() {  # run NAME PYTHONPATH ARGS...
