@@ -36,9 +36,9 @@ from array import array
 from dataclasses import asdict, dataclass
 
 from sglang_pd.config import Settings
-from sglang_pd.srt.admission.round import AdmissionRound, PoolSizer
+from sglang_pd.srt.admission import AdmissionRound, PoolSizer
 from sglang_pd.srt.hooks.table import apply_ledger_hooks
-from sglang_pd.srt.mem_cache.page_math import RequestKind
+from sglang_pd.srt.mem_cache import RequestKind
 from sglang_pd.srt.mem_cache.standalone import paged_tree
 from sglang_pd.srt.state import ProcessKind, build_state, install
 

@@ -47,9 +47,9 @@ from pathlib import Path
 import torch
 
 from sglang_pd.bench.attention_world import GEOMETRIES, DecodeWorld, random_tokens
-from sglang_pd.srt.attention.stats import SharedAttentionStats
+from sglang_pd.srt.attention import SharedAttentionStats
 from sglang_pd.srt.hooks.attention_backend import min_reads_saved_for
-from sglang_pd.srt.metrics.pd_metrics import PDCounters
+from sglang_pd.srt.metrics import PDCounters
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """Handshake overhead of peer authentication: the same PD handshake with and without a secret, side by side.
 
-    python -m sglang_pd.bench_handshake [--num-messages 5000] [--num-http 500] [--out docs/bench_handshake.json]
+    python -m sglang_pd.bench_handshake [--num-messages 5000] [--num-http 500] [--out docs/results/security/bench_handshake.json]
 
 What runs is the product's own code on real sockets over 127.0.0.1, in one process:
 - ZMQ: a PUSH socket (signing like decode's / prefill's sockets when a secret is set) -> a PULL socket
@@ -26,12 +26,12 @@ import zmq
 
 from sglang_pd.config import Settings
 from sglang_pd.harness.hostile_peer import PeerIdentity, Templates
-from sglang_pd.srt.handshake.sockets import GuardedSocket, SigningSocket
-from sglang_pd.srt.wire.fields import FrameLimits, Side
-from sglang_pd.srt.wire.frames import check_message
-from sglang_pd.srt.handshake.gate import HandshakeGate
-from sglang_pd.srt.handshake.gate_host import PeerRecord, PeerRemoval
-from sglang_pd.srt.auth.peer_auth import PeerAuth
+from sglang_pd.srt.handshake import GuardedSocket, SigningSocket
+from sglang_pd.srt.wire import FrameLimits, Side
+from sglang_pd.srt.wire import check_message
+from sglang_pd.srt.handshake import HandshakeGate
+from sglang_pd.srt.handshake import PeerRecord, PeerRemoval
+from sglang_pd.srt.auth import PeerAuth
 from sglang_pd.srt.state import ProcessKind, build_state, current, install, installed
 
 PEER = PeerIdentity("127.0.0.1", 40001, "127.0.0.1:16001")
@@ -222,7 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-http", type=int, default=500)
     parser.add_argument("--page-size", type=int, default=16)
     parser.add_argument("--num-pages", type=int, default=64, help="pages named by the transfer info")
-    parser.add_argument("--out", type=Path, default=Path("docs/bench_handshake.json"))
+    parser.add_argument("--out", type=Path, default=Path("docs/results/security/bench_handshake.json"))
     args = parser.parse_args(argv)
     if min(args.num_messages, args.num_http, args.page_size, args.num_pages) < 1:
         parser.error("--num-messages, --num-http, --page-size and --num-pages must be >= 1")

@@ -7,7 +7,7 @@
         --itl-target-ms 40 --ttft-target-ms 3000 --pareto-itl-targets 30,60   # SLO comparison + Pareto plot
     python -m sglang_pd.bench_multiturn --preset capacity --configs off,on-upstream,on   # what the plugin adds
     python -m sglang_pd.bench_multiturn --preset short --configs off,on,on+local --local-prefill-tokens 64 \
-        --local-sweep 16,64,256 --out-dir docs/local_prefill        # decode-local prefill + threshold sweep
+        --local-sweep 16,64,256 --out-dir docs/results/local_prefill        # decode-local prefill + threshold sweep
     python -m sglang_pd.bench_multiturn --preset capacity --configs off,on,off+shared,on+shared   # decode attention
     python -m sglang_pd.bench_multiturn --preset capacity --configs off,on+shared --cpu-split decode-step
 

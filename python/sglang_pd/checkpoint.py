@@ -8,7 +8,7 @@ Here every matrix is normal with the config's `initializer_range` (0.02, as HF i
 except the attention projections, drawn larger so that attention is sharp and carries the context:
 q/k at 0.2 (attention logits of a few units, so a single page of wrong KV moves the output) and v/o at
 0.08 (attention's share of the residual stream comparable to the token's own). Measured on both
-shapes (`python -m sglang_pd.model_sensitivity`, docs/models/sensitivity.json): with the attention
+shapes (`python -m sglang_pd.model_sensitivity`, docs/results/evidence/sensitivity.json): with the attention
 output zeroed, the context shuffled, one 16-token page of KV replaced or the last tokens at shifted
 positions, the greedy outputs change for most prompts.
 

@@ -154,7 +154,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(MOONCAKE_MAX_BATCH_DESCRIPTORS, "mooncake_max_batch_descriptors", "512",
             "mooncake: a transfer batch with more descriptors is sent as consecutive batches of at most this "
             "many (its TCP transport refuses a batch over its per-peer queue limit: ~2,048 here)", _whole),
-    # Hostile peers (srt/auth/peer_auth.py, handshake_gate.py); README "Security model".
+    # Hostile peers (srt/auth/peer_auth.py, handshake/gate.py); README "Security model".
     Setting(PEER_SECRET_FILE, "peer_secret_file", None,
             "path of a file holding the PD deployment's shared secret (one key per line, >= 32 characters; the "
             "first signs, all verify: rotation). Every handshake message and bootstrap request is then "

@@ -1,7 +1,7 @@
 """Does the output of the built-in models depend on the KV? Measured, per model, on the checkpoint the
 servers load (transformers' Llama on CPU, eager attention: the reference implementation, not SGLang).
 
-    python -m sglang_pd.model_sensitivity --out docs/models/sensitivity.json     # ~1 min here
+    python -m sglang_pd.model_sensitivity --out docs/results/evidence/sensitivity.json     # ~1 min here
 
 For random prompts of the lengths the tests and benchmarks use, the greedy output (8 tokens) is
 computed once as is and once with each break, and the share of prompts whose output changed is

@@ -20,7 +20,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import sglang_pd
 from sglang_pd.config import PEER_SECRET_FILE, Settings, SettingsError
-from sglang_pd.srt.handshake.peer_defenses import UNAUTHENTICATED_WARNING
+from sglang_pd.srt.handshake import UNAUTHENTICATED_WARNING
 from sglang_pd.srt import state as process_state
 
 refused_reason: str | None = None  # why this process runs without the plugin (None: active or not loaded)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # usage: BRANCH=main bash scripts/ci/fresh_clone_ci.sh   -- what CI does, timed: a clean clone of this repo's
-# BRANCH into /tmp/ci_clone, an EMPTY pip cache, then `CI=true bash .ci/run`. Output: docs/fresh_clone/ci_run.log.
+# BRANCH into /tmp/ci_clone, an EMPTY pip cache, then `CI=true bash .ci/run`. Output: docs/results/fresh_clone/ci_run.log.
 REPO=$(git -C "$(dirname "$0")" rev-parse --show-toplevel)
 rm -rf /tmp/ci_clone && git clone -q -b "${BRANCH:-main}" "$REPO" /tmp/ci_clone && cd /tmp/ci_clone || exit 2
 export PIP_CACHE_DIR=$(mktemp -d)

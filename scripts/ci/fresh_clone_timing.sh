@@ -3,7 +3,7 @@
 # Times what a newcomer pays: clone REPO (default: this repo) into CLONE_DIR (default: a new temp dir),
 # then install.sh from an EMPTY pip cache (a cached wheel would hide a source build), then the main
 # command (run_demo.sh; its install.sh step is then the idempotent check). Prints INSTALL_S, DEMO_RC,
-# DEMO_AFTER_INSTALL_S, TOTAL_S. The README's figures: docs/fresh_clone/main_command.log.
+# DEMO_AFTER_INSTALL_S, TOTAL_S. The README's figures: docs/results/fresh_clone/main_command.log.
 set -u
 REPO=${1:-$(git -C "$(dirname "$0")" rev-parse --show-toplevel)}
 DIR=${2:-$(mktemp -d)/sglang_pd}

@@ -16,9 +16,9 @@ from types import SimpleNamespace
 
 import torch
 
-from sglang_pd.srt.attention.stats import SharedAttentionStats
+from sglang_pd.srt.attention import SharedAttentionStats
 from sglang_pd.srt.mem_cache.standalone import paged_tree
-from sglang_pd.srt.metrics.pd_metrics import PDCounters
+from sglang_pd.srt.metrics import PDCounters
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,8 @@ import aiohttp
 import orjson
 
 from sglang_pd.harness.deployment_requests import new_bootstrap_room
-from sglang_pd.srt.slo.early_rejection import retry_after_from
-from sglang_pd.srt.metrics.request_fields import FIELDS
+from sglang_pd.srt.slo import retry_after_from
+from sglang_pd.srt.metrics import FIELDS
 
 
 @dataclass

@@ -34,7 +34,7 @@ PLUGIN_DECODE = ("decode_retractions_total", "resume_requests_total", "resume_ba
                  "resume_restored_tokens_total", "admission_rounds_total", "admission_round_evictions_total",
                  "evicted_tokens_total")
 # sglang_pd prefill counters reported per run: how often a request's clear found prefill's bootstrap thread
-# handling a message (and waited for it; see guarded_socket.py)
+# handling a message (and waited for it; see handshake/sockets.py)
 PLUGIN_PREFILL = ("prefill_sender_clears_total", "clears_waited_for_bootstrap_total",
                   "clear_bootstrap_wait_timeouts_total",
                   "room_pops_waited_for_bootstrap_total", "room_pop_bootstrap_wait_timeouts_total")

@@ -11,7 +11,7 @@ LOGPROB_TOL = 1e-4: both sides run the same fp32 CPU model, but not the same ari
 batch size in the linear layers, attention split by shared prefix and merged, a page moved by
 transfer instead of computed in place); those differences measured up to ~1e-5 in logprob here
 (`max_logprob_diff` of every comparison is kept: `python -m pytest ... -s` prints it). A wrong KV page
-moves the logprobs by 1e-2 and more on the built-in models (docs/models/sensitivity.json).
+moves the logprobs by 1e-2 and more on the built-in models (docs/results/evidence/sensitivity.json).
 
 A greedy tie: when the two top logprobs at a position are within LOGPROB_TOL of each other, fp32
 rounding may pick either, and the continuations then differ for good. Such a difference (everything

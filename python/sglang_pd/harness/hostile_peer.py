@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import zmq
 
-from sglang_pd.srt.wire.catalogue import NIXL_GUARD
-from sglang_pd.srt.auth.peer_auth import PeerAuth
+from sglang_pd.srt.wire import NIXL_GUARD
+from sglang_pd.srt.auth import PeerAuth
 
 
 def _ascii(value) -> bytes:

@@ -17,24 +17,24 @@ import logging
 from dataclasses import dataclass, field
 
 from sglang_pd.config import Settings
-from sglang_pd.srt.admission.round import AdmissionRound
-from sglang_pd.srt.admission.decode_admission import DecodePrefixAdmission
-from sglang_pd.srt.threads.helper_threads import HelperThreadPolicy
-from sglang_pd.srt.threads.idle_wait import IdleWait
-from sglang_pd.srt.threads.worker_priority import TransferWorkerPriority
-from sglang_pd.srt.local_prefill.queue import LocalPrefill
-from sglang_pd.srt.transfer.nixl_host_memory import HostMemoryScope
-from sglang_pd.srt.handshake.peer_defenses import PeerGuard, build_peer_guard
-from sglang_pd.srt.transfer.prefill_log import PrefillTransferLog
-from sglang_pd.srt.admission.radix_resume import RadixResume
-from sglang_pd.srt.wire.room_decline import RoomDeclineTable
-from sglang_pd.srt.transfer.watch import TransferWatch
-from sglang_pd.srt.attention.stats import SharedAttentionStats
-from sglang_pd.srt.slo.controller import SloController
+from sglang_pd.srt.admission import AdmissionRound
+from sglang_pd.srt.admission import DecodePrefixAdmission
+from sglang_pd.srt.threads import HelperThreadPolicy
+from sglang_pd.srt.threads import IdleWait
+from sglang_pd.srt.threads import TransferWorkerPriority
+from sglang_pd.srt.local_prefill import LocalPrefill
+from sglang_pd.srt.transfer import HostMemoryScope
+from sglang_pd.srt.handshake import PeerGuard, build_peer_guard
+from sglang_pd.srt.transfer import PrefillTransferLog
+from sglang_pd.srt.admission import RadixResume
+from sglang_pd.srt.wire import RoomDeclineTable
+from sglang_pd.srt.transfer import TransferWatch
+from sglang_pd.srt.attention import SharedAttentionStats
+from sglang_pd.srt.slo import SloController
 from sglang_pd.srt.fault_injection import FaultPlan
-from sglang_pd.srt.mem_cache.lock_ledger import LockLedger
-from sglang_pd.srt.mem_cache.tree_integrity import IntegrityReport
-from sglang_pd.srt.metrics.pd_metrics import PDCounters
+from sglang_pd.srt.mem_cache import LockLedger
+from sglang_pd.srt.mem_cache import IntegrityReport
+from sglang_pd.srt.metrics import PDCounters
 
 
 logger = logging.getLogger("sglang_pd.hooks")

@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
-from sglang_pd.srt.disaggregation.local_extend_attention import offset_causal_extend
+from sglang_pd.srt.attention import offset_causal_extend
 
 HEADS, HEAD_DIM, PREFIX, EXTEND, POOL, REPEAT = 4, 16, 430, 16, 8192, 30
 

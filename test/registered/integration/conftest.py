@@ -25,8 +25,8 @@ from sglang_pd.harness.test_logs import session_log_root, write_private_file
 # two test runs on one box never share it (harness/test_logs.py).
 LOG_ROOT = session_log_root(Settings.from_env().test_logs)
 
-# Tests that measure a README figure also write it as <name>.json into this folder when it is set
-# (README prints the command, e.g. TEST_FIGURES_DIR=docs/figures pytest ... -k ...). Not SGLANG_PD_*:
+# Tests that measure a docs figure also write it as <name>.json into this folder when it is set
+# (the docs pages print the command, e.g. TEST_FIGURES_DIR=docs/results/figures pytest ... -k ...). Not SGLANG_PD_*:
 # the servers inherit the environment, and the plugin refuses unknown names under its prefix.
 FIGURES_DIR_ENV = "TEST_FIGURES_DIR"
 

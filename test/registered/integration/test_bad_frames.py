@@ -17,7 +17,7 @@ from sglang_pd.harness.deployment_requests import new_bootstrap_room
 from sglang_pd.harness.hostile_peer import (PeerIdentity, PeerSocket, Templates, TransferPeer, assert_threads_alive,
                                             handshake_view, random_frames, rank_endpoint, wait_received)
 from sglang_pd.models import VOCAB_SIZE
-from sglang_pd.srt.auth.peer_auth import PeerAuth
+from sglang_pd.srt.auth import PeerAuth
 
 pytestmark = pytest.mark.integration
 

@@ -71,7 +71,7 @@ def test_a_stranger_delivers_nothing_and_its_unfinished_message_is_not_buffered(
     """Before the check, the stranger's socket is refused CURVE's handshake: a complete message in the clear
     never reaches either gate (it would have been counted as `missing`), and 200 MiB of an unfinished
     multipart message leave both servers' memory as it was (without CURVE, +400 MiB for 400 frames:
-    docs/peer_fuzz/unfinished_multipart.log)."""
+    docs/results/security/peer_fuzz/unfinished_multipart.log)."""
     templates = Templates("nixl" if dep.config.transfer_backend == "nixl" else "mooncake")
     for server in (dep.prefill, dep.decodes[0]):
         endpoint = rank_endpoint(dep, server)

@@ -11,7 +11,7 @@ from conftest import LOG_ROOT, record_figures
 from sglang_pd.harness import DeploymentConfig, PDDeployment
 from sglang_pd.launch_router import ROUTING_KEY_HEADER
 from sglang_pd.models import VOCAB_SIZE
-from sglang_pd.srt.mem_cache.page_math import page_align_floor
+from sglang_pd.srt.mem_cache import page_align_floor
 
 pytestmark = pytest.mark.integration
 

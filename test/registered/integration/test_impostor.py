@@ -22,8 +22,8 @@ from sglang_pd.harness.deployment import new_bootstrap_room
 from sglang_pd.harness.hostile_peer import (PeerSocket, Templates, TransferPeer, assert_threads_alive,
                                             captured_frames, handshake_view, rank_endpoint, wait_received)
 from sglang_pd.models import VOCAB_SIZE
-from sglang_pd.srt.auth.peer_auth import PeerAuth
-from sglang_pd.srt.wire.room_decline import DeclineNotice, decline_frames
+from sglang_pd.srt.auth import PeerAuth
+from sglang_pd.srt.wire import DeclineNotice, decline_frames
 
 pytestmark = pytest.mark.integration
 

@@ -219,7 +219,7 @@ def test_prefill_side_transport_failure_releases_decode_lock(request, plain_url:
 
 def test_transfer_worker_error_fails_only_that_room(pd_page16: PDDeployment, plain_url: str):
     """Prefill's mooncake transfer worker raises on one room (test fault at the send: the KeyError SGLang
-    0.5.23's worker raised for a room cleared under it, docs/fresh_clone/ci_run_0b55ee0_failed.log).
+    0.5.23's worker raised for a room cleared under it, docs/results/fresh_clone/ci_run_0b55ee0_failed.log).
     Upstream alone ends the worker thread and every later room on it waits for decode's timeout. With
     sglang_pd the room fails, decode releases the lock it took, and the same worker (one decode session
     maps to one worker queue) serves the next request at once: no session blacklist, no timeout."""

@@ -11,7 +11,7 @@ import pytest
 from lock_checks import in_background
 from sglang_pd.harness import PDDeployment
 from sglang_pd.models import VOCAB_SIZE, model_config
-from sglang_pd.srt.mem_cache.page_math import kv_to_page_num, page_align_floor
+from sglang_pd.srt.mem_cache import kv_to_page_num, page_align_floor
 from sglang_pd.srt.metrics.scrape_refresh import MIN_INTERVAL_S
 
 pytestmark = pytest.mark.integration

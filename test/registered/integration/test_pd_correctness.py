@@ -11,7 +11,7 @@ import requests
 from sglang_pd.harness import PDDeployment
 from sglang_pd.harness.equality import assert_differs, assert_same
 from sglang_pd.models import VOCAB_SIZE
-from sglang_pd.srt.mem_cache.page_math import kv_to_page_num, page_align_floor
+from sglang_pd.srt.mem_cache import kv_to_page_num, page_align_floor
 
 pytestmark = pytest.mark.integration
 
@@ -116,7 +116,7 @@ class CorrectnessSuite:
 
     def test_a_room_shared_by_two_prompts_never_pairs_them(self, dep: PDDeployment, plain_url: str):
         """Prompt A's prefill half waits in room R; then prompt B's decode half arrives under the same R
-        (what gave decode B exactly A's continuation before, docs/room_pairing/). Prefill now sees that
+        (what gave decode B exactly A's continuation before, docs/results/security/room_pairing/). Prefill now sees that
         the transfer info was computed for another prompt: it refuses A's half before sending a page,
         fails the room and tells decode, so B's half ends with an error, never with A's output. A second
         decode request in a room a first one holds is refused (400); the first pair equals plain; nothing

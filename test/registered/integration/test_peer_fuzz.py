@@ -21,8 +21,8 @@ from sglang_pd.harness.hostile_peer import (PeerIdentity, PeerSocket, Templates,
                                             handshake_view, mutate, random_frames, rank_endpoint, wait_received)
 from sglang_pd.models import VOCAB_SIZE
 from sglang_pd.srt.handshake.gate import MAX_MESSAGE_FRAMES
-from sglang_pd.srt.auth.peer_auth import TRAILER_FRAMES, PeerAuth
-from sglang_pd.srt.wire.room_decline import DeclineNotice, decline_frames
+from sglang_pd.srt.auth import TRAILER_FRAMES, PeerAuth
+from sglang_pd.srt.wire import DeclineNotice, decline_frames
 
 pytestmark = pytest.mark.integration
 

@@ -8,7 +8,7 @@ import pytest
 from sglang_pd.config import Settings
 from sglang_pd.srt.hooks.table import apply_ledger_hooks
 from sglang_pd.srt.mem_cache.standalone import paged_tree
-from sglang_pd.srt.mem_cache.tree_integrity import check_integrity
+from sglang_pd.srt.mem_cache import check_integrity
 
 POOL_TOKENS = 64  # 16 pages of 4, or 64 pages of 1
 

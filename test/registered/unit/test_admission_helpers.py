@@ -8,11 +8,11 @@ from types import SimpleNamespace
 import pytest
 
 from conftest import make_req
-from sglang_pd.srt.admission.candidates import round_candidates
+from sglang_pd.srt.admission import round_candidates
 from sglang_pd.srt.admission.headroom import need_space_for_single_req, retractable_tokens
-from sglang_pd.srt.admission.room_renewal import mark_declined, needs_new_room, renew_room
+from sglang_pd.srt.admission import mark_declined, needs_new_room, renew_room
 from sglang_pd.srt.fault_injection import Fault, FaultPlan, HandoffBend
-from sglang_pd.srt.metrics.pd_metrics import PDCounters
+from sglang_pd.srt.metrics import PDCounters
 
 pytestmark = pytest.mark.unit
 

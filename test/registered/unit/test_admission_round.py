@@ -8,9 +8,9 @@ import pytest
 
 from conftest import POOL_TOKENS, make_req
 from sglang_pd.srt.state import current
-from sglang_pd.srt.admission.round import AdmissionRound, PoolSizer
-from sglang_pd.srt.mem_cache.page_math import kv_to_page_num
-from sglang_pd.srt.mem_cache.lock_ledger import LockState
+from sglang_pd.srt.admission import AdmissionRound, PoolSizer
+from sglang_pd.srt.mem_cache import kv_to_page_num
+from sglang_pd.srt.mem_cache import LockState
 
 pytestmark = pytest.mark.unit
 

@@ -13,7 +13,7 @@ from sglang_pd.bench.pd_client import StreamResult
 from sglang_pd.bench.report import format_table, summarize
 from sglang_pd.bench.slo import SHARED_BACKEND, SloTargets, meets_slo, parse_configs, slo_figures
 from sglang_pd.srt.slo.early_rejection import decide_rejection
-from sglang_pd.srt.http.retry_after import RetryAfterMiddleware
+from sglang_pd.srt.http import RetryAfterMiddleware
 
 pytestmark = pytest.mark.unit
 

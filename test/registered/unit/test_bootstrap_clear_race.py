@@ -26,11 +26,11 @@ import pytest
 import zmq
 
 from sglang_pd.harness.hostile_peer import PeerIdentity, Templates
-from sglang_pd.srt.handshake.sockets import Between, GuardedSocket, SigningSocket
-from sglang_pd.srt.wire.fields import FrameLimits, Side
-from sglang_pd.srt.handshake.gate import HandshakeGate
-from sglang_pd.srt.handshake.manager_host import ManagerHost
-from sglang_pd.srt.auth.peer_auth import PeerAuth
+from sglang_pd.srt.handshake import Between, GuardedSocket, SigningSocket
+from sglang_pd.srt.wire import FrameLimits, Side
+from sglang_pd.srt.handshake import HandshakeGate
+from sglang_pd.srt.handshake import ManagerHost
+from sglang_pd.srt.auth import PeerAuth
 from sglang_pd.srt.hooks.connection import common_conn
 
 pytestmark = pytest.mark.unit
@@ -323,7 +323,7 @@ def _worker_finishes_room_in_thread(prefill: Prefill, room: int) -> threading.Th
 
 def _held_rooms(prefill: Prefill, turns: list) -> None:
     """What sglang_pd installs on prefill's manager with the hold: removals wait for the reader's turn."""
-    from sglang_pd.srt.handshake.sockets import HeldRooms
+    from sglang_pd.srt.handshake import HeldRooms
 
     prefill.mgr.transfer_infos = HeldRooms(prefill.mgr.transfer_infos, prefill.sock,
                                            lambda turn, room: turns.append((turn, room)))
@@ -374,7 +374,7 @@ def test_the_installed_table_counts_a_waited_removal_and_a_timed_out_one(monkeyp
                                                                          quiet_thread_deaths):
     """The hook's report (common_conn._count_room_pop_turn): a waited removal counted, one past the cap
     counted and logged, a removal inside a clear (the reentrant turn) not counted again."""
-    from sglang_pd.srt.handshake.sockets import HeldRooms
+    from sglang_pd.srt.handshake import HeldRooms
 
     with parked_in_the_window(monkeypatch, "mooncake", guarded=True) as (prefill, paused):
         rooms = HeldRooms(prefill.mgr.transfer_infos, prefill.sock, common_conn._count_room_pop_turn)

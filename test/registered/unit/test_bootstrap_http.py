@@ -19,7 +19,7 @@ from sglang_pd.harness.server import free_port
 from sglang_pd.srt.hooks.table import HOOK_TABLE
 from sglang_pd.srt.state import current
 from sglang_pd.srt.http.bootstrap_checks import route_put_problem
-from sglang_pd.srt.auth.peer_auth import HTTP_HEADER, PeerAuth
+from sglang_pd.srt.auth import HTTP_HEADER, PeerAuth
 from sglang_pd.srt.handshake.peer_defenses import HttpGuardCounts
 
 pytestmark = pytest.mark.unit

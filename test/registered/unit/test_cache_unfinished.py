@@ -7,7 +7,7 @@ import pytest
 from conftest import POOL_TOKENS, make_req
 from sglang_pd.srt.mem_cache.page_math import is_tree_exempt, maybe_cache_unfinished_req
 from sglang_pd.srt.mem_cache.standalone import paged_tree
-from sglang_pd.srt.mem_cache.tree_integrity import check_integrity
+from sglang_pd.srt.mem_cache import check_integrity
 
 pytestmark = pytest.mark.unit
 

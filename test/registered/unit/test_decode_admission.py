@@ -4,7 +4,7 @@ import pytest
 
 from conftest import make_req
 from sglang_pd.srt.admission.decode_admission import RequestKind
-from sglang_pd.srt.mem_cache.page_math import kv_to_page_num
+from sglang_pd.srt.mem_cache import kv_to_page_num
 
 pytestmark = pytest.mark.unit
 
@@ -90,7 +90,7 @@ def test_warmup_and_health_never_use_the_tree(pool, ledger, kind, host):
 
 
 def test_request_kind_classification():
-    from sglang_pd.srt.mem_cache.page_math import request_kind
+    from sglang_pd.srt.mem_cache import request_kind
 
     assert request_kind(make_req("a", [1], "127.0.0.1")) is RequestKind.NORMAL
     assert request_kind(make_req("a", [1], "2.2.2.2")) is RequestKind.WARMUP

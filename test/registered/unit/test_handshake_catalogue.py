@@ -12,15 +12,15 @@ from test_handshake_frames import NIXL_PEER, PEER, limits, sglang_built, sglang_
 from test_handshake_gate import Host
 
 from sglang_pd.harness.hostile_peer import Templates
-from sglang_pd.srt.auth.peer_auth import TRAILER_FRAMES, PeerAuth
+from sglang_pd.srt.auth import TRAILER_FRAMES, PeerAuth
 from sglang_pd.srt.wire import catalogue as cat
 from sglang_pd.srt.wire.catalogue import CATALOGUE, MessageKind
-from sglang_pd.srt.wire.fields import Side
+from sglang_pd.srt.wire import Side
 from sglang_pd.srt.wire.frames import SCHEMAS, check_message
 from sglang_pd.srt.handshake.gate import MAX_MESSAGE_FRAMES, HandshakeGate
-from sglang_pd.srt.handshake.gate_host import PeerRecord
+from sglang_pd.srt.handshake import PeerRecord
 from sglang_pd.srt.wire.prompt_binding import PromptDigests, digest_frame, prompt_digest
-from sglang_pd.srt.wire.room_decline import DeclineNotice, decline_frames
+from sglang_pd.srt.wire import DeclineNotice, decline_frames
 
 pytestmark = pytest.mark.unit
 

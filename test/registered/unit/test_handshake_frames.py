@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from sglang_pd.harness.hostile_peer import MUTATIONS, PeerIdentity, Templates, mutate, random_frames
-from sglang_pd.srt.wire.catalogue import MessageKind
-from sglang_pd.srt.wire.fields import FrameLimits, Side
-from sglang_pd.srt.wire.frames import check_message
+from sglang_pd.srt.wire import MessageKind
+from sglang_pd.srt.wire import FrameLimits, Side
+from sglang_pd.srt.wire import check_message
 
 pytestmark = pytest.mark.unit
 

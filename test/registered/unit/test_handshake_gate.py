@@ -10,12 +10,12 @@ import pytest
 import zmq
 
 from sglang_pd.harness.hostile_peer import PeerIdentity, PeerSocket, Templates
-from sglang_pd.srt.handshake.sockets import GuardedSocket, SigningSocket
-from sglang_pd.srt.wire.fields import FrameLimits, Side
-from sglang_pd.srt.handshake.gate import HandshakeGate
-from sglang_pd.srt.handshake.gate_host import PeerRecord, PeerRemoval
-from sglang_pd.srt.auth.peer_auth import PeerAuth
-from sglang_pd.srt.handshake.room_expiry import RoomTombstones, UnclaimedRooms
+from sglang_pd.srt.handshake import GuardedSocket, SigningSocket
+from sglang_pd.srt.wire import FrameLimits, Side
+from sglang_pd.srt.handshake import HandshakeGate
+from sglang_pd.srt.handshake import PeerRecord, PeerRemoval
+from sglang_pd.srt.auth import PeerAuth
+from sglang_pd.srt.handshake import RoomTombstones, UnclaimedRooms
 
 pytestmark = pytest.mark.unit
 
@@ -151,7 +151,7 @@ def test_with_auth_unsigned_and_impostor_messages_change_nothing():
 
 def test_with_auth_a_room_decline_must_be_signed():
     """An unauthenticated decline would let a stranger drop any room: refused before it is read."""
-    from sglang_pd.srt.wire.room_decline import DeclineNotice, decline_frames
+    from sglang_pd.srt.wire import DeclineNotice, decline_frames
 
     host = Host()
     host.rooms.add(12)
@@ -172,7 +172,7 @@ def test_prefill_answers_only_at_an_endpoint_a_peer_registered(kind):
     carries, through a socket it opens and caches per address: a stranger naming fresh addresses made
     prefill connect wherever it said, until its file descriptors ran out. Only a registered peer's endpoint
     is answered; the room still fails (what the ABORT asked for), nobody is told."""
-    from sglang_pd.srt.wire.room_decline import DeclineNotice, decline_frames
+    from sglang_pd.srt.wire import DeclineNotice, decline_frames
 
     def message(room, ip, port):
         if kind == "abort":
@@ -339,7 +339,7 @@ class Manager:
 def test_a_cleared_sender_ends_its_claim_and_a_failed_one_is_remembered_for_late_transfer_infos():
     from sglang.srt.disaggregation.base.conn import KVPoll
 
-    from sglang_pd.srt.handshake.manager_host import ManagerHost
+    from sglang_pd.srt.handshake import ManagerHost
     from sglang_pd.srt.hooks.connection import common_conn
     from sglang_pd.srt.state import current
 
@@ -386,7 +386,7 @@ def test_a_request_that_failed_after_its_decode_registered_the_room_has_that_dec
     room no transfer info came for."""
     from sglang.srt.disaggregation.base.conn import KVPoll
 
-    from sglang_pd.srt.handshake.manager_host import ManagerHost
+    from sglang_pd.srt.handshake import ManagerHost
     from sglang_pd.srt.hooks.connection import common_conn
     from sglang_pd.srt.state import current
 
@@ -420,7 +420,7 @@ def test_a_request_aborted_in_prefills_waiting_queue_is_cleared_and_its_decode_t
     clear on these tables behind our clear hook, as the hook table applies it in a server."""
     from sglang.srt.disaggregation.base.conn import KVPoll
 
-    from sglang_pd.srt.handshake.manager_host import ManagerHost
+    from sglang_pd.srt.handshake import ManagerHost
     from sglang_pd.srt.hooks.connection import common_conn
     from sglang_pd.srt.hooks.scheduling import prefill
     from sglang_pd.srt.state import current
@@ -453,7 +453,7 @@ def test_a_failure_tell_waits_until_no_write_into_the_decodes_pages_can_land():
     failed transfer is not told again, nor is one told of a room the gate failed when its request's clear comes."""
     from sglang.srt.disaggregation.base.conn import KVPoll
 
-    from sglang_pd.srt.handshake.manager_host import ManagerHost
+    from sglang_pd.srt.handshake import ManagerHost
     from sglang_pd.srt.hooks.connection import common_conn
     from sglang_pd.srt.state import current
 
@@ -563,7 +563,7 @@ def test_a_message_is_screened_before_the_reader_takes_its_hold():
     message) read no room state and run before the bootstrap reader takes its hold, so a clear meanwhile
     gets its turn at once; the room checks and SGLang's handling run under the hold. A message with more
     frames than any PD message is dropped before its frames are copied."""
-    from sglang_pd.srt.handshake.sockets import Between
+    from sglang_pd.srt.handshake import Between
 
     ctx, raw, port, host, auth = _bound_socket_and_registered_peer()
     g = gate(host, auth=auth)
@@ -618,7 +618,7 @@ def test_a_full_registration_table_gives_the_longest_idle_peers_place_to_a_new_o
     a fresh agent uuid per process): with the table capped, a long-lived prefill refused every new decode
     once enough had restarted. Full, the table now gives the place of the peer unused longest (at least
     `peer_idle_s`) and named by no room's transfer info; SGLang's per-peer state goes with it."""
-    from sglang_pd.srt.handshake.manager_host import ManagerHost
+    from sglang_pd.srt.handshake import ManagerHost
 
     class Agent:  # NIXL's agent: which remote agents were removed
         def __init__(self):

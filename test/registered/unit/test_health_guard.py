@@ -10,7 +10,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from sglang_pd.srt.http.health import HealthGuardMiddleware
+from sglang_pd.srt.http import HealthGuardMiddleware
 
 pytestmark = pytest.mark.unit
 

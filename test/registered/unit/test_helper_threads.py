@@ -15,7 +15,7 @@ import zmq
 
 from sglang_pd.config import HELPER_THREADS_BATCH, Settings, problems
 from sglang_pd.srt.threads.helper_threads import HelperThreadPolicy, _tasks, _thread_name
-from sglang_pd.srt.metrics.pd_metrics import PDCounters
+from sglang_pd.srt.metrics import PDCounters
 
 pytestmark = pytest.mark.unit
 

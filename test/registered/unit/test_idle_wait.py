@@ -6,8 +6,8 @@ import time
 import pytest
 
 from sglang_pd.config import IDLE_WAIT_US, Settings, problems
-from sglang_pd.srt.threads.idle_wait import IdleWait
-from sglang_pd.srt.metrics.pd_metrics import PDCounters
+from sglang_pd.srt.threads import IdleWait
+from sglang_pd.srt.metrics import PDCounters
 
 pytestmark = pytest.mark.unit
 

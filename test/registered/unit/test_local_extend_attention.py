@@ -86,7 +86,7 @@ def test_lengths_that_do_not_add_up_are_refused():
     ("decode", 64, dict(causal=False), False),                          # encoder-only attention: upstream
 ])
 def test_hook_serves_only_decode_local_causal_extends(pd_state, role, threshold, kwargs, ours):
-    from sglang_pd.srt.local_prefill.queue import LocalPrefill
+    from sglang_pd.srt.local_prefill import LocalPrefill
     from sglang_pd.srt.hooks.attention_backend import around_run_sdpa_forward_extend
 
     pd_state.local_prefill = LocalPrefill(threshold, 256, pd_state.counters)

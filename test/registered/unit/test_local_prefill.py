@@ -10,10 +10,10 @@ import pytest
 from conftest import make_req
 from sglang_pd.srt.local_prefill.decision import LocalFallback, decide
 from sglang_pd.srt.local_prefill.queue import LocalPrefill, LocalState, LocalTransitionError
-from sglang_pd.srt.mem_cache.page_math import RequestKind
+from sglang_pd.srt.mem_cache import RequestKind
 from sglang_pd.srt.mem_cache.standalone import paged_tree
-from sglang_pd.srt.mem_cache.tree_integrity import check_integrity
-from sglang_pd.srt.metrics.pd_metrics import PDCounters
+from sglang_pd.srt.mem_cache import check_integrity
+from sglang_pd.srt.metrics import PDCounters
 
 pytestmark = pytest.mark.unit
 
@@ -372,7 +372,7 @@ def _admitted_request(world, rid, room):
 def test_a_sent_decline_queues_the_request_locally(world, zmq_pair):
     """The decline reaches prefill's socket naming the room; the request is decode's from then on:
     queued locally with its lock, its receiver cleared and detached, marked abort-notified."""
-    from sglang_pd.srt.wire.room_decline import parse_decline
+    from sglang_pd.srt.wire import parse_decline
     from sglang_pd.srt.hooks.scheduling.decode_handoff import _serve_locally
     from sglang_pd.srt.hooks.scheduling.decode_scheduler import release_local
 
@@ -422,7 +422,7 @@ def test_a_second_live_request_under_one_rid_stays_on_the_pd_path(world, zmq_pai
     import zmq
     from sglang.srt.mem_cache.common import release_kv_cache
 
-    from sglang_pd.srt.wire.room_decline import parse_decline
+    from sglang_pd.srt.wire import parse_decline
     from sglang_pd.srt.hooks.scheduling.decode_handoff import _serve_locally
     from sglang_pd.srt.hooks.scheduling.decode_scheduler import release_local
 
@@ -459,7 +459,7 @@ def test_a_declined_request_the_local_queue_refuses_stays_whole_on_the_pd_path(w
     the scheduler is not ended by it."""
     from sglang.srt.mem_cache.common import release_kv_cache
 
-    from sglang_pd.srt.wire.room_decline import parse_decline
+    from sglang_pd.srt.wire import parse_decline
     from sglang_pd.srt.hooks.scheduling.decode_handoff import _serve_locally
 
     push, pull = zmq_pair

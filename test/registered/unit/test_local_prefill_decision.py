@@ -6,7 +6,7 @@ import pytest
 
 from conftest import make_req
 from sglang_pd.srt.local_prefill.decision import LocalFallback, decide
-from sglang_pd.srt.mem_cache.page_math import RequestKind
+from sglang_pd.srt.mem_cache import RequestKind
 
 pytestmark = pytest.mark.unit
 

@@ -3,7 +3,7 @@ real paged allocator, with the real lock/unlock hooks applied through SGLang's H
 
 import pytest
 
-from sglang_pd.srt.mem_cache.lock_ledger import owner_scope
+from sglang_pd.srt.mem_cache import owner_scope
 
 pytestmark = pytest.mark.unit
 
@@ -83,8 +83,8 @@ def test_integrity_detects_a_leaked_allocation(pool, ledger):
 
 def test_integrity_detects_node_lock_ref_drift():
     """Python-node trees also get the per-node check (lock_ref vs ledger)."""
-    from sglang_pd.srt.mem_cache.lock_ledger import LockLedger
-    from sglang_pd.srt.mem_cache.tree_integrity import check_integrity
+    from sglang_pd.srt.mem_cache import LockLedger
+    from sglang_pd.srt.mem_cache import check_integrity
     from conftest import Pool
 
     pool, ledger = Pool("radix", 1), LockLedger()

@@ -2,7 +2,7 @@
 
 import pytest
 
-from sglang_pd.srt.mem_cache.page_math import kv_to_page_num, page_align_floor
+from sglang_pd.srt.mem_cache import kv_to_page_num, page_align_floor
 
 pytestmark = pytest.mark.unit
 

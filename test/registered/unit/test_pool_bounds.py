@@ -23,9 +23,9 @@ from test_bootstrap_clear_race import NEXT_ROOM, PEER, ROOM, Prefill
 from test_handshake_frames import _mooncake_self, _nixl_self
 
 from sglang_pd.harness.hostile_peer import Templates
-from sglang_pd.srt.wire.fields import FrameError, FrameLimits, Side
-from sglang_pd.srt.handshake.gate import HandshakeGate
-from sglang_pd.srt.handshake.gate_host import PeerRecord
+from sglang_pd.srt.wire import FrameError, FrameLimits, Side
+from sglang_pd.srt.handshake import HandshakeGate
+from sglang_pd.srt.handshake import PeerRecord
 from sglang_pd.srt.wire.pool_bounds import (BOUNDS_MARKER, MAX_STATE_TYPES, PoolBounds, bounds_frame, bounds_of,
                                                        split_bounds)
 from sglang_pd.srt.hooks.connection import common_conn

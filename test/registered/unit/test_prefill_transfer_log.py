@@ -2,8 +2,8 @@
 
 import pytest
 
-from sglang_pd.srt.transfer.prefill_log import PrefillTransferLog
-from sglang_pd.srt.metrics.pd_metrics import PDCounters
+from sglang_pd.srt.transfer import PrefillTransferLog
+from sglang_pd.srt.metrics import PDCounters
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ import torch
 
 from sglang_pd.srt.attention.partials import merge, segment_partial
 from sglang_pd.srt.attention.own_decode_kernel import OwnDecodeKernel, OwnSlots
-from sglang_pd.srt.attention.prefix_groups import find_prefix_groups
+from sglang_pd.srt.attention import find_prefix_groups
 
 pytestmark = pytest.mark.unit
 

@@ -4,7 +4,7 @@ schema (pool bound), decode admission (the tree's match) and prefill (what decod
 import pytest
 
 from conftest import make_req
-from sglang_pd.srt.mem_cache.prefix_len import check_for_prompt, check_in_pool
+from sglang_pd.srt.mem_cache import check_for_prompt, check_in_pool
 
 pytestmark = pytest.mark.unit
 

@@ -5,12 +5,12 @@ parser sees upstream's frames only), recording it, and refusing a malformed or m
 import pytest
 
 from sglang_pd.harness.hostile_peer import PeerIdentity, Templates
-from sglang_pd.srt.wire.fields import FrameError, FrameLimits, Side
-from sglang_pd.srt.handshake.gate import HandshakeGate
-from sglang_pd.srt.handshake.gate_host import PeerRecord, PeerRemoval
+from sglang_pd.srt.wire import FrameError, FrameLimits, Side
+from sglang_pd.srt.handshake import HandshakeGate
+from sglang_pd.srt.handshake import PeerRecord, PeerRemoval
 from sglang_pd.srt.wire.prompt_binding import (DIGEST_BYTES, DIGEST_MARKER, OutgoingDigests, PromptDigests,
                                                          digest_frame, prompt_digest, split_digest)
-from sglang_pd.srt.handshake.room_expiry import RoomTombstones, UnclaimedRooms
+from sglang_pd.srt.handshake import RoomTombstones, UnclaimedRooms
 
 pytestmark = pytest.mark.unit
 

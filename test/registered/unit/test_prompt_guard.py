@@ -4,7 +4,7 @@ named with its position and the range."""
 
 import pytest
 
-from sglang_pd.srt.http.request_checks import check_input_ids
+from sglang_pd.srt.http import check_input_ids
 
 pytestmark = pytest.mark.unit
 
@@ -33,7 +33,7 @@ def test_the_first_bad_id_is_named(ids, message):
 
 
 def test_top_logprobs_num_within_the_vocabulary():
-    from sglang_pd.srt.http.request_checks import check_top_logprobs_num
+    from sglang_pd.srt.http import check_top_logprobs_num
 
     for good in (None, 0, 5, 512):
         check_top_logprobs_num(good, 512)
@@ -43,7 +43,7 @@ def test_top_logprobs_num_within_the_vocabulary():
 
 
 def test_logprob_start_len_is_none_minus_one_or_a_position():
-    from sglang_pd.srt.http.request_checks import check_logprob_start_len
+    from sglang_pd.srt.http import check_logprob_start_len
 
     for good in (None, -1, 0, 7, 10 ** 9):  # past the prompt: SGLang's own check answers that one
         check_logprob_start_len(good)
@@ -55,7 +55,7 @@ def test_logprob_start_len_is_none_minus_one_or_a_position():
 def test_parallel_samples_within_the_cap_pass_in_every_form_sglang_accepts():
     """sampling_params as a request carries it before SGLang normalises it: absent, one dict, a list of
     dicts (a batch); n absent or in [1, cap]; a malformed sampling_params is left to SGLang's parser."""
-    from sglang_pd.srt.http.request_checks import check_parallel_samples
+    from sglang_pd.srt.http import check_parallel_samples
 
     for params in (None, {}, {"temperature": 0.5}, {"n": 1}, {"n": 128}, [{"n": 4}, {"n": 4}], [], "garbage",
                    [None, {"n": 2}]):
@@ -67,7 +67,7 @@ def test_parallel_samples_within_the_cap_pass_in_every_form_sglang_accepts():
     ({"n": "4"}, "'4'"), ({"n": True}, "True"), ({"n": None}, "None"), ([{"n": 2}, {"n": 10 ** 6}], "1000000"),
 ])
 def test_parallel_samples_above_the_cap_or_not_a_count_are_named(params, shown):
-    from sglang_pd.srt.http.request_checks import check_parallel_samples
+    from sglang_pd.srt.http import check_parallel_samples
 
     with pytest.raises(ValueError) as info:
         check_parallel_samples(params, 128)
@@ -79,7 +79,7 @@ def test_sglang_copies_a_request_n_times_which_is_what_the_cap_bounds():
     prompt into n copies there (so the cost of a request is linear in n before anything else looks)."""
     from sglang.srt.managers.io_struct import GenerateReqInput
 
-    from sglang_pd.srt.http.request_checks import check_parallel_samples
+    from sglang_pd.srt.http import check_parallel_samples
 
     req = GenerateReqInput(input_ids=[5, 6, 7], sampling_params={"n": 64, "max_new_tokens": 2})
     check_parallel_samples(req.sampling_params, 128)
@@ -94,7 +94,7 @@ def test_stop_regexes_that_compile_pass_and_the_first_that_does_not_is_named():
 
     from sglang.srt.sampling.sampling_params import SamplingParams
 
-    from sglang_pd.srt.http.request_checks import check_stop_regex
+    from sglang_pd.srt.http import check_stop_regex
 
     with pytest.raises(re.error):
         SamplingParams(stop_regex="((").normalize(None)
@@ -116,7 +116,7 @@ def test_a_rid_that_is_not_a_string_is_named_after_sglang_normalised_the_request
     upstream answers 500); a batch takes one string per prompt (n > 1 makes a single prompt a batch)."""
     from sglang.srt.managers.io_struct import GenerateReqInput
 
-    from sglang_pd.srt.http.request_checks import check_request_ids
+    from sglang_pd.srt.http import check_request_ids
 
     def normalised(n=1, **fields):
         req = GenerateReqInput(sampling_params={"max_new_tokens": 2, "n": n}, **fields)
@@ -142,7 +142,7 @@ def test_a_batch_with_parallel_samples_counts_every_copy_sglang_makes():
     with n = 1 is not (its body carries every prompt)."""
     from sglang.srt.managers.io_struct import GenerateReqInput
 
-    from sglang_pd.srt.http.request_checks import check_parallel_samples, num_prompts
+    from sglang_pd.srt.http import check_parallel_samples, num_prompts
 
     req = GenerateReqInput(input_ids=[[5], [6], [7]], sampling_params={"n": 4, "max_new_tokens": 2})
     assert num_prompts(req.text, req.input_ids) == 3
@@ -168,14 +168,14 @@ def test_a_batch_with_parallel_samples_counts_every_copy_sglang_makes():
 def test_sampling_fields_that_would_end_the_scheduler_are_named(params, message):
     """SGLang's verify accepts these and the scheduler then raises (the server ends): a stop id outside the
     vocabulary indexes the min-new-tokens penalizer's mask; top_k and min_new_tokens go into int32 tensors."""
-    from sglang_pd.srt.http.request_checks import check_sampling_limits
+    from sglang_pd.srt.http import check_sampling_limits
 
     with pytest.raises(ValueError, match=message):
         check_sampling_limits(params, 513)
 
 
 def test_sampling_fields_in_range_pass():
-    from sglang_pd.srt.http.request_checks import check_sampling_limits
+    from sglang_pd.srt.http import check_sampling_limits
 
     for params in (None, "garbage", {}, {"stop_token_ids": [0, 512], "min_new_tokens": 3}, {"top_k": -1},
                    {"top_k": 2 ** 31 - 1, "min_new_tokens": 2 ** 31 - 1}, {"stop_token_ids": None}):

@@ -14,7 +14,7 @@ from conftest import make_req
 from sglang_pd.srt.state import current
 from sglang_pd.srt.admission.radix_resume import RadixResume, ResumeError, slice_cpu_backup
 from sglang_pd.srt.mem_cache.standalone import paged_tree
-from sglang_pd.srt.mem_cache.tree_integrity import check_integrity
+from sglang_pd.srt.mem_cache import check_integrity
 
 pytestmark = pytest.mark.unit
 

@@ -11,17 +11,17 @@ from types import SimpleNamespace
 import pytest
 from sglang.srt.disaggregation.base.conn import KVPoll
 
-from sglang_pd.srt.handshake.decline_delivery import consume_decline, fail_room_if_known, send_decline
-from sglang_pd.srt.wire.fields import FrameLimits, Side
-from sglang_pd.srt.handshake.manager_host import ManagerHost
-from sglang_pd.srt.handshake.prefill_rooms import PrefillRooms
+from sglang_pd.srt.handshake import consume_decline, fail_room_if_known, send_decline
+from sglang_pd.srt.wire import FrameLimits, Side
+from sglang_pd.srt.handshake import ManagerHost
+from sglang_pd.srt.handshake import PrefillRooms
 from sglang_pd.srt.wire.prompt_binding import PromptDigests, prompt_digest
-from sglang_pd.srt.handshake.rank_socket import (expected_threads, frame_limits, reader_comes_straight_back,
+from sglang_pd.srt.handshake import (expected_threads, frame_limits, reader_comes_straight_back,
                                                  with_dcp_place)
-from sglang_pd.srt.wire.room_decline import DeclineNotice, RoomDeclineTable, decline_frames
-from sglang_pd.srt.handshake.room_expiry import RoomTombstones
-from sglang_pd.srt.metrics.pd_metrics import PDCounters
-from sglang_pd.srt.threads.thread_watch import ThreadRole
+from sglang_pd.srt.wire import DeclineNotice, RoomDeclineTable, decline_frames
+from sglang_pd.srt.handshake import RoomTombstones
+from sglang_pd.srt.metrics import PDCounters
+from sglang_pd.srt.threads import ThreadRole
 
 pytestmark = pytest.mark.unit
 

@@ -14,7 +14,7 @@ import zmq
 from sglang_pd.config import PEER_CURVE, PEER_SECRET_FILE, SettingsError
 from sglang_pd.config import Settings
 from sglang_pd.srt.auth import curve_keys
-from sglang_pd.srt.auth.peer_auth import PeerAuth
+from sglang_pd.srt.auth import PeerAuth
 from sglang_pd.srt.hooks.connection.network import around_get_zmq_socket_on_host, rank_socket_options
 
 pytestmark = pytest.mark.unit
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.unit
 KEY = b"k" * 40
 OTHER_KEY = b"o" * 40
 CAP = 16 << 20
-SCRIPT = Path(__file__).resolve().parents[3] / "docs" / "peer_fuzz" / "unfinished_multipart.py"
+SCRIPT = Path(__file__).resolve().parents[3] / "scripts/probes/security/peer_fuzz/unfinished_multipart.py"
 
 
 def _bind(context, keys):

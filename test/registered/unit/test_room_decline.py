@@ -6,12 +6,12 @@ import time
 
 import pytest
 
-from sglang_pd.srt.wire.room_decline import (DeclineError, DeclineNotice, RoomDeclineTable,
+from sglang_pd.srt.wire import (DeclineError, DeclineNotice, RoomDeclineTable,
                                                        decline_frames, parse_decline)
-from sglang_pd.srt.wire.catalogue import MessageKind
-from sglang_pd.srt.wire.fields import FrameLimits, Side
-from sglang_pd.srt.wire.frames import check_message
-from sglang_pd.srt.metrics.pd_metrics import PDCounters
+from sglang_pd.srt.wire import MessageKind
+from sglang_pd.srt.wire import FrameLimits, Side
+from sglang_pd.srt.wire import check_message
+from sglang_pd.srt.metrics import PDCounters
 
 pytestmark = pytest.mark.unit
 

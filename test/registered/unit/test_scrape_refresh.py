@@ -10,7 +10,7 @@ from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 from starlette.testclient import TestClient
 
-from sglang_pd.srt.metrics.scrape_refresh import RefreshBeforeScrape
+from sglang_pd.srt.metrics import RefreshBeforeScrape
 
 pytestmark = pytest.mark.unit
 

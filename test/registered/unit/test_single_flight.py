@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from sglang_pd.srt.metrics.single_flight import SingleFlight
+from sglang_pd.srt.metrics import SingleFlight
 
 pytestmark = pytest.mark.unit
 

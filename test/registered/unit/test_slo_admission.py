@@ -12,9 +12,9 @@ from sglang_pd.config import Settings, problems as validate
 from sglang_pd.srt.slo.early_rejection import (PROBE_INTERVAL_S, TtftPredictor, decide_rejection,
                                                           retry_after_from)
 from sglang_pd.srt.slo.itl_admission import HEADROOM, PROBE_BATCH, StepMeter, decide_admission
-from sglang_pd.srt.slo.controller import SloController
+from sglang_pd.srt.slo import SloController
 from sglang_pd.srt.slo.step_time_model import RobustLinearFit, StepTimeModel
-from sglang_pd.srt.metrics.pd_metrics import PDCounters
+from sglang_pd.srt.metrics import PDCounters
 from sglang_pd.srt.state import ProcessKind, build_state
 
 pytestmark = pytest.mark.unit

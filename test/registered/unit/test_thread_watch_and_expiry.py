@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from sglang_pd.srt.handshake.room_expiry import RoomTombstones, UnclaimedRooms
+from sglang_pd.srt.handshake import RoomTombstones, UnclaimedRooms
 from sglang_pd.srt.threads.thread_watch import ThreadRole, ThreadWatch, role_of
 
 pytestmark = pytest.mark.unit

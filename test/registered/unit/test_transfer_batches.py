@@ -2,7 +2,7 @@
 
 import pytest
 
-from sglang_pd.srt.transfer.batches import descriptor_batches
+from sglang_pd.srt.transfer import descriptor_batches
 
 pytestmark = pytest.mark.unit
 

@@ -200,10 +200,10 @@ def test_the_tap_remembers_the_chunk_in_hand_and_forgets_it_while_waiting():
 
 def test_the_worker_error_fault_fires_only_where_the_worker_raises():
     """Armed for a room, it fires at the room's send (not when its chunk is taken), once."""
-    from sglang_pd.srt.transfer.prefill_log import PrefillTransferLog
-    from sglang_pd.srt.transfer.watch import TransferWatch
+    from sglang_pd.srt.transfer import PrefillTransferLog
+    from sglang_pd.srt.transfer import TransferWatch
     from sglang_pd.srt.fault_injection import Fault, FaultPlan
-    from sglang_pd.srt.metrics.pd_metrics import PDCounters
+    from sglang_pd.srt.metrics import PDCounters
 
     faults = FaultPlan(enabled=True)
     watch = TransferWatch(60, PrefillTransferLog(PDCounters()), faults)

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from sglang_pd.config import TRANSFER_WORKER_NICE, Settings, problems
-from sglang_pd.srt.threads.worker_priority import TransferWorkerPriority
-from sglang_pd.srt.metrics.pd_metrics import PDCounters
+from sglang_pd.srt.threads import TransferWorkerPriority
+from sglang_pd.srt.metrics import PDCounters
 
 pytestmark = pytest.mark.unit
 

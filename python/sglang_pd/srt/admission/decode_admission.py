@@ -17,9 +17,9 @@ from collections import OrderedDict
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
-from sglang_pd.srt.mem_cache.lock_ledger import LockLedger, LockState, owner_scope
-from sglang_pd.srt.mem_cache.page_math import RequestKind, kv_to_page_num
-from sglang_pd.srt.mem_cache.prefix_len import check_for_prompt
+from sglang_pd.srt.mem_cache import LockLedger, LockState, owner_scope
+from sglang_pd.srt.mem_cache import RequestKind, kv_to_page_num
+from sglang_pd.srt.mem_cache import check_for_prompt
 
 
 # The attribute holding a request's admission key: plans are kept per request object, not per rid, because

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-from sglang_pd.srt.mem_cache.page_math import request_kv_len
+from sglang_pd.srt.mem_cache import request_kv_len
 
 
 def retractable_tokens(reqs: Iterable[Any]) -> int:

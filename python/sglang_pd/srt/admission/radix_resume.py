@@ -35,9 +35,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Callable
 
-from sglang_pd.srt.mem_cache.page_math import page_align_floor
-from sglang_pd.srt.mem_cache.lock_ledger import owner_scope
-from sglang_pd.srt.metrics.pd_metrics import PDCounters
+from sglang_pd.srt.mem_cache import page_align_floor
+from sglang_pd.srt.mem_cache import owner_scope
+from sglang_pd.srt.metrics import PDCounters
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import secrets
 from typing import Any, Callable, Container
 
-from sglang_pd.srt.metrics.pd_metrics import PDCounters
+from sglang_pd.srt.metrics import PDCounters
 
 # The room a request was declined in, kept on the request (it outlives our records: SGLang holds it).
 DECLINED_ROOM_ATTR = "_sglang_pd_declined_room"

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Protocol, Sequence
 
 from sglang_pd.srt.admission.decode_admission import DecodePrefixAdmission
-from sglang_pd.srt.mem_cache.page_math import kv_to_page_num, request_kind
-from sglang_pd.srt.mem_cache.lock_ledger import LockState
+from sglang_pd.srt.mem_cache import kv_to_page_num, request_kind
+from sglang_pd.srt.mem_cache import LockState
 
 logger = logging.getLogger(__name__)
 

@@ -4,7 +4,7 @@ Why: SGLang's `TorchNativeAttnBackend._run_sdpa_forward_extend` builds, per requ
 whole sequence (prefix rows left uninitialised) and runs a causal SDPA of seq_len x seq_len, then
 keeps the last extend_len rows. For a local extend (16-64 new tokens after a 400+ token prefix) that
 is O(seq_len^2) work for O(extend_len * seq_len) worth of rows: 32.9 ms against 5.8 ms per layer call
-for 8 requests of 16 new tokens after 430, one thread (docs/local_prefill/extend_attention_micro.json). On decode that time sits
+for 8 requests of 16 new tokens after 430, one thread (docs/results/local_prefill/extend_attention_micro.json). On decode that time sits
 in front of the first token and holds back every decoding request; so decode's local extends use
 `offset_causal_extend` (srt/hooks/attention_backend.py), and so does every extend of a server running
 the sglang_pd_shared_prefix backend (a prefill server's too). `MixedRows` splits a mixed forward (a

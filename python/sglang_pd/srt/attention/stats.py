@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 from sglang_pd.srt.attention.prefix_groups import PrefixGrouping
-from sglang_pd.srt.metrics.shared_attention_rows import SHARED_ATTENTION_METRICS, AttentionFallback, fallback_metric
+from sglang_pd.srt.metrics import SHARED_ATTENTION_METRICS, AttentionFallback, fallback_metric
 
 
 class StepSummary(NamedTuple):

@@ -1,7 +1,7 @@
 """ZMQ CURVE on the PD rank sockets: a stranger cannot send a single frame (SGLANG_PD_PEER_CURVE=1).
 
 The HMAC trailer (peer_auth.py) is checked once a message is complete, but libzmq buffers an unfinished
-multipart message without bound before that (docs/peer_fuzz/unfinished_multipart.py: +400 MiB for
+multipart message without bound before that (scripts/probes/security/peer_fuzz/unfinished_multipart.py: +400 MiB for
 400 x 1 MiB frames that never end): ZMQ_MAXMSGSIZE caps each frame, not their number. With CURVE, libzmq
 accepts no message frame from a connection whose handshake failed, and the handshake needs the server's
 public key.

@@ -11,9 +11,9 @@ from __future__ import annotations
 
 import logging
 
-from sglang_pd.srt.wire.room_decline import (DeclineError, DeclineNotice, RoomDeclineTable, decline_frames,
+from sglang_pd.srt.wire import (DeclineError, DeclineNotice, RoomDeclineTable, decline_frames,
                                                   parse_decline)
-from sglang_pd.srt.metrics.pd_metrics import PDCounters
+from sglang_pd.srt.metrics import PDCounters
 
 logger = logging.getLogger(__name__)
 

@@ -34,18 +34,18 @@ import logging
 import time
 from typing import Callable, NamedTuple
 
-from sglang_pd.srt.auth.peer_auth import TRAILER_FRAMES, PeerAuth
-from sglang_pd.srt.wire.catalogue import (AUTH_TRAILER, MAX_FRAMES, POOL_BOUNDS, PROMPT_DIGEST, MessageKind,
+from sglang_pd.srt.auth import TRAILER_FRAMES, PeerAuth
+from sglang_pd.srt.wire import (AUTH_TRAILER, MAX_FRAMES, POOL_BOUNDS, PROMPT_DIGEST, MessageKind,
                                                appended_frames, max_appended, side_appends)
-from sglang_pd.srt.wire.fields import FrameError, FrameLimits, Side
-from sglang_pd.srt.wire.frames import check_message
+from sglang_pd.srt.wire import FrameError, FrameLimits, Side
+from sglang_pd.srt.wire import check_message
 from sglang_pd.srt.handshake.gate_host import GateHost, registered_endpoint
 from sglang_pd.srt.handshake.gate_tally import AUTH_TEXT, GateCounts, GateTally
 from sglang_pd.srt.handshake.peer_book import PEER_IDLE_S, PeerBook
-from sglang_pd.srt.wire.pool_bounds import PoolBounds, split_bounds
-from sglang_pd.srt.wire.prompt_binding import PromptDigests, split_digest
+from sglang_pd.srt.wire import PoolBounds, split_bounds
+from sglang_pd.srt.wire import PromptDigests, split_digest
 from sglang_pd.srt.handshake.room_expiry import RoomTombstones, UnclaimedRooms
-from sglang_pd.srt.wire.verdict import Verdict
+from sglang_pd.srt.wire import Verdict
 
 logger = logging.getLogger(__name__)
 # the longest schema, the auth trailer, the frames we append (catalogue.py)

@@ -14,7 +14,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Callable
 
-from sglang_pd.srt.auth.peer_auth import AuthFailure
+from sglang_pd.srt.auth import AuthFailure
 
 logger = logging.getLogger(__name__)
 MAX_PEERS_LOGGED = 1024

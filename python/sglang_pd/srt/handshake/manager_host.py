@@ -21,9 +21,9 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
-from sglang_pd.srt.wire.fields import FrameLimits, Side
+from sglang_pd.srt.wire import FrameLimits, Side
 from sglang_pd.srt.handshake.gate_host import PeerRecord, PeerRemoval, registered_endpoint
-from sglang_pd.srt.wire.pool_bounds import state_slots
+from sglang_pd.srt.wire import state_slots
 
 
 @dataclass

@@ -12,8 +12,8 @@ from collections import OrderedDict
 from typing import Callable
 
 from sglang_pd.srt.handshake.gate_host import GateHost, PeerRecord, PeerRemoval
-from sglang_pd.srt.wire.pool_bounds import PoolBounds, beyond_state_pools
-from sglang_pd.srt.wire.verdict import Verdict
+from sglang_pd.srt.wire import PoolBounds, beyond_state_pools
+from sglang_pd.srt.wire import Verdict
 
 logger = logging.getLogger(__name__)
 PEER_IDLE_S = 600.0  # a registration no message used for this long may give its place to a new peer

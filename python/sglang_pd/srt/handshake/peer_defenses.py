@@ -13,12 +13,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from sglang_pd.srt.auth.curve_keys import CurveKeys, derive_keys
+from sglang_pd.srt.auth import CurveKeys, derive_keys
 from sglang_pd.srt.handshake.gate import HandshakeGate
-from sglang_pd.srt.auth.peer_auth import PeerAuth
-from sglang_pd.srt.wire.prompt_binding import OutgoingDigests, PromptDigests
+from sglang_pd.srt.auth import PeerAuth
+from sglang_pd.srt.wire import OutgoingDigests, PromptDigests
 from sglang_pd.srt.handshake.room_expiry import RoomTombstones
-from sglang_pd.srt.threads.thread_watch import ThreadWatch
+from sglang_pd.srt.threads import ThreadWatch
 
 logger = logging.getLogger(__name__)
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from sglang_pd.srt.handshake.manager_host import ManagerHost, registered_targets
-from sglang_pd.srt.wire.prompt_binding import PromptDigests
+from sglang_pd.srt.wire import PromptDigests
 from sglang_pd.srt.handshake.room_expiry import RoomTombstones
 
 NO_REASON = "failed (no reason recorded)"

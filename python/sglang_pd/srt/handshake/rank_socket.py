@@ -11,8 +11,8 @@ import dataclasses
 import logging
 
 from sglang_pd.config import PEER_SECRET_FILE
-from sglang_pd.srt.wire.fields import FrameLimits, Side
-from sglang_pd.srt.threads.thread_watch import ThreadRole
+from sglang_pd.srt.wire import FrameLimits, Side
+from sglang_pd.srt.threads import ThreadRole
 
 logger = logging.getLogger(__name__)
 _MIB = 1 << 20

@@ -40,7 +40,7 @@ from typing import Callable, Iterator
 import zmq
 
 from sglang_pd.srt.handshake.gate import HandshakeGate, Screened
-from sglang_pd.srt.auth.peer_auth import PeerAuth
+from sglang_pd.srt.auth import PeerAuth
 
 HOLD_WAIT_S = 2.0  # longest a `between_messages` caller waits for the reader to finish one message
 

@@ -15,7 +15,7 @@ The backend wraps SGLang's `TorchNativeAttnBackend` (built from the same model r
   pool, beam search), and extend layer calls that are not plain causal self-attention; idle forwards.
 
 Refused at start-up (ValueError naming the flag): a device other than CPU (the GPU form is a plan
-in README), a torch without the fused CPU attention kernel (attention_partials.py), no C compiler to
+in README), a torch without the fused CPU attention kernel (attention/partials.py), no C compiler to
 build the own-part kernel (own_decode_kernel.py), torch.compile / CPU graphs, MLA models, KV pools
 other than MHATokenToKVPool / SWAKVPool, quantised (fp8) KV, KV buffers not laid out contiguous
 [tokens, kv heads, head_dim] and value heads unlike key heads. Logic lives in srt/disaggregation;
@@ -27,14 +27,14 @@ from __future__ import annotations
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
-from sglang_pd.srt.attention.partials import missing_kernel
-from sglang_pd.srt.attention.local_extend import (MixedRows, offset_causal_extend,
+from sglang_pd.srt.attention import missing_kernel
+from sglang_pd.srt.attention import (MixedRows, offset_causal_extend,
                                                                   offset_causal_extend_rows)
-from sglang_pd.srt.attention.own_decode_kernel import OwnDecodeKernel, build_problem
-from sglang_pd.srt.attention.prefix_groups import find_prefix_groups
-from sglang_pd.srt.attention.segment_kv_cache import RequestKey
-from sglang_pd.srt.attention.stats import AttentionFallback, SharedAttentionStats
-from sglang_pd.srt.attention.shared_prefix import DecodePlan, SharedPrefixDecoder
+from sglang_pd.srt.attention import OwnDecodeKernel, build_problem
+from sglang_pd.srt.attention import find_prefix_groups
+from sglang_pd.srt.attention import RequestKey
+from sglang_pd.srt.attention import AttentionFallback, SharedAttentionStats
+from sglang_pd.srt.attention import DecodePlan, SharedPrefixDecoder
 from sglang_pd.srt.fault_injection import Fault
 from sglang_pd.srt.state import current
 
@@ -45,7 +45,7 @@ MIN_SHARED_TOKENS = 16
 # ... and only when the token reads it saves per layer ((members - 1) x length), times the query heads
 # that read each token, reach this. A segment costs a fused-kernel call, a merge and their dispatch per
 # layer (~70-85 us here), far more than the reads a small group spares: measured side by side with
-# grouping on and off (bench_attention --versus-group-all, docs/shared_prefix/min_reads_saved/), the
+# grouping on and off (bench_attention --versus-group-all, docs/results/shared_prefix/min_reads_saved/), the
 # break-even was ~2,000 saved reads with 4 query heads (capacity) and ~1,000 with 9 (SmolLM2).
 MIN_SAVED_HEAD_READS = 8192
 
@@ -281,7 +281,7 @@ def around_run_sdpa_forward_extend(original, backend, query, output, k_cache, v_
                                    encoder_lens=None, scaling=None, enable_gqa=False, causal=False,
                                    is_cross_attn=False, sliding_window_size=None):
     """On a decode scheduler with decode-local prefill, causal extends (only local extends run there)
-    attend with only their own queries (local_extend_attention.py); everything else, and prefill, as
+    attend with only their own queries (attention/local_extend.py); everything else, and prefill, as
     upstream."""
     state = current()
     plain_causal = causal and encoder_lens is None and not is_cross_attn and (

@@ -16,7 +16,7 @@ import json
 from typing import Mapping
 
 from sglang_pd.srt.wire import fields as ff
-from sglang_pd.srt.wire.fields import FrameError
+from sglang_pd.srt.wire import FrameError
 
 ROUTE, REGISTER_DP_RANK, QUERY_DP_RANKS = "/route", "/register_dp_rank", "/query_dp_ranks"
 GUARDED_PATHS = (ROUTE, REGISTER_DP_RANK, QUERY_DP_RANKS)   # /health stays open: it carries no data

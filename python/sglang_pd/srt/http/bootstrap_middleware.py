@@ -12,8 +12,8 @@ from __future__ import annotations
 from typing import Callable
 
 from sglang_pd.srt.http import bootstrap_checks as bootstrap_http
-from sglang_pd.srt.auth.peer_auth import HTTP_HEADER, HTTP_RESPONSE_HEADER
-from sglang_pd.srt.handshake.peer_defenses import PeerGuard
+from sglang_pd.srt.auth import HTTP_HEADER, HTTP_RESPONSE_HEADER
+from sglang_pd.srt.handshake import PeerGuard
 
 
 def bootstrap_middleware(guard: PeerGuard, registered_sizes: Callable[[], dict], count: Callable[[str], None]):

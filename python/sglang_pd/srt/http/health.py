@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 from typing import Awaitable, Callable
 
-from sglang_pd.srt.metrics.single_flight import SingleFlight
+from sglang_pd.srt.metrics import SingleFlight
 
 HEALTH_PATHS = ("/health", "/health_generate")
 CACHE_S = 1.0

@@ -4,7 +4,7 @@ or decode server, before SGLang's scheduler uses them.
 SGLang 0.5.23 checks only that a PD request has a bootstrap room. On decode, a request with a room and
 no `bootstrap_host` reaches `_bootstrap_addr` in the scheduler, whose AttributeError ends the scheduler
 and the server: anyone who can reach decode's HTTP port can take it down (test_pd_correctness.py -k
-pairing: refused instead; docs/prompt_guard/http_fuzz.py). A room or port of the wrong type or range travels into handshake messages the peer
+pairing: refused instead; scripts/probes/security/prompt_guard/http_fuzz.py). A room or port of the wrong type or range travels into handshake messages the peer
 refuses. Each field is checked against the form SGLang and its peers use; a bad one is answered with
 HTTP 400 naming the field and the rule. Read-only; no SGLang import.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from sglang_pd.srt.wire.fields import MAX_ROOM  # the handshake gate's bound: one for both
+from sglang_pd.srt.wire import MAX_ROOM  # the handshake gate's bound: one for both
 
 MAX_HOST_LEN = 253            # a DNS name's limit; IPv4 and bracketed IPv6 fit too
 _HOST = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[0-9A-Fa-f:.]+|[A-Za-z0-9]([A-Za-z0-9.-]*[A-Za-z0-9])?)$")

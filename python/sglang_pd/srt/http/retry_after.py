@@ -9,7 +9,7 @@ Only 503 responses are buffered; everything else passes straight through.
 
 from __future__ import annotations
 
-from sglang_pd.srt.slo.early_rejection import retry_after_from
+from sglang_pd.srt.slo import retry_after_from
 
 
 class RetryAfterMiddleware:

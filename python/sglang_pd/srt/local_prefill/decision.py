@@ -16,7 +16,7 @@ from __future__ import annotations
 import enum
 from typing import Any, NamedTuple
 
-from sglang_pd.srt.mem_cache.page_math import RequestKind
+from sglang_pd.srt.mem_cache import RequestKind
 
 
 class LocalFallback(str, enum.Enum):

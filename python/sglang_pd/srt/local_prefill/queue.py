@@ -32,8 +32,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from sglang_pd.srt.local_prefill.decision import LocalFallback, LocalDecision, decide
-from sglang_pd.srt.mem_cache.page_math import RequestKind
-from sglang_pd.srt.metrics.pd_metrics import PDCounters
+from sglang_pd.srt.mem_cache import RequestKind
+from sglang_pd.srt.metrics import PDCounters
 
 
 class LocalState(str, enum.Enum):

@@ -29,7 +29,7 @@ from collections import deque
 from dataclasses import dataclass, replace
 from typing import Any, Iterator
 
-from sglang_pd.srt.metrics.pd_metrics import PDCounters
+from sglang_pd.srt.metrics import PDCounters
 
 logger = logging.getLogger(__name__)
 

@@ -31,7 +31,7 @@ METRICS: dict[str, tuple[str, str]] = {
     # transfer (both sides)
     "kv_pages_transferred_total": ("counter", "KV pages asked of prefill (decode) / handed to the transport (prefill)"),
     "kv_bytes_transferred_total": ("counter", "bytes of those KV pages (pages x bytes per page over all layers)"),
-    # prefill (srt/transfer/prefill_log.py, transfer_watch.py)
+    # prefill (srt/transfer/prefill_log.py, transfer/watch.py)
     "prefill_requests_total": ("counter", "requests whose decode_prefix_len reached prefill"),
     "prefill_prompt_tokens_total": ("counter", "prompt tokens of those requests"),
     "prefill_decode_prefix_tokens_total": ("counter", "decode_prefix_len tokens prefill was told to skip"),
@@ -77,7 +77,7 @@ METRICS: dict[str, tuple[str, str]] = {
     "tree_locks_outstanding": ("gauge", "radix-tree locks taken and not yet released (lock ledger)"),
     "integrity_checks_total": ("counter", "check_integrity() runs (before /metrics scrapes, at most one a second, and every /sglang_pd/stats call; concurrent callers share one)"),
     "integrity_failures_total": ("counter", "check_integrity() runs that found a violated invariant"),
-    # retraction and admission rounds (radix_resume.py, admission_round.py)
+    # retraction and admission rounds (radix_resume.py, admission/round.py)
     "decode_retractions_total": ("counter", "running decode requests retracted under memory pressure"),
     "resume_requests_total": ("counter", "retracted decode requests resumed through radix-aware resume"),
     "resume_backup_tokens_total": ("counter", "tokens a full restore would copy back for them (SGLang's resume)"),
@@ -167,7 +167,7 @@ LABELLED_COUNTERS: dict[str, tuple[str, str]] = {
     "hook_errors_total": ("exceptions a hook caught to keep SGLang serving (each one also logged)", "hook"),
     "transfer_worker_errors_total": ("exceptions prefill's mooncake transfer worker raised on a room: the room was "
                                      "cleared / concluded / failed (decode told), the worker kept "
-                                     "(transfer_worker_guard.py; each one also logged)", "outcome"),
+                                     "(transfer/worker_recovery.py; each one also logged)", "outcome"),
 }
 
 

@@ -15,7 +15,7 @@ from typing import Sequence
 from sglang_pd.srt.slo.early_rejection import RejectionDecision, TtftPredictor, decide_rejection
 from sglang_pd.srt.slo.itl_admission import AdmissionDecision, StepMeter, decide_admission
 from sglang_pd.srt.slo.step_time_model import StepTimeModel
-from sglang_pd.srt.metrics.pd_metrics import PDCounters
+from sglang_pd.srt.metrics import PDCounters
 
 
 class SloController:

@@ -10,7 +10,7 @@ move together) well-posed, and slopes are kept non-negative: a feature the windo
 make a larger request look faster. Coefficients are refit lazily, at most every `refit_every` samples.
 
 `StepTimeModel` fits seconds per decode step against (running requests, running tokens / 1000,
-local-prefill tokens / 1000): a step that also ran a decode-local prefill extend (local_prefill.py)
+local-prefill tokens / 1000): a step that also ran a decode-local prefill extend (local_prefill/queue.py)
 costs more, and that cost is learnt, not hidden in the noise.
 No SGLang import: testable on plain numbers and recorded traces.
 """

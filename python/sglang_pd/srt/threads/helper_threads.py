@@ -13,7 +13,7 @@ SCHED_BATCH needs no privilege.
 
 Opt-in (`SGLANG_PD_HELPER_THREADS_BATCH=1`; default 0 = upstream's policies): on this 2-core box it
 helped `off` (capacity ITL p50 16.8/17.5 -> 15.5/14.6 ms) but not `on+shared` (15.1/14.8 -> 17.4/15.3 ms)
-nor short `on`'s TTFT (docs/helper_threads/, `python docs/helper_threads/run.py 2`).
+nor short `on`'s TTFT (docs/results/cpu_contention/helper_threads/, `python scripts/probes/cpu_contention/helper_threads/run.py 2`).
 
 Which threads, in a prefill or decode server (aggregated servers are left alone):
 - the HTTP process (tokenizer manager, uvicorn, prefill's bootstrap server, their ZMQ threads) and the

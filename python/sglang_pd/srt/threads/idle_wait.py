@@ -6,7 +6,7 @@ need the GIL): the event loop then spins a core until the transfer or the peer's
 box whose cores the PD servers share with their HTTP processes, that spin delays every other process
 on the request path: on this 2-core box the time a decode-local request spent outside decode's
 scheduler (HTTP, tokenizer manager, detokenizer, client) was 28 ms p50 with the spin and 10 ms with
-a 500 us wait (short preset, one run each; docs/local_prefill/README.md has the repeated runs).
+a 500 us wait (short preset, one run each; docs/local_prefill.md has the repeated runs).
 `IdleWait.wait` sleeps `wait_s` instead: a completed transfer or a new request is seen at most that
 much later; a scheduler with a batch to run never calls it.
 

@@ -6,7 +6,7 @@ threads move the bytes: the worker only watches. On a box whose cores the PD ser
 one: 2 cores for prefill, decode, their HTTP processes and the client) that spinning thread takes CPU
 the decode scheduler was ready to use: in on+shared capacity runs prefill's threads other than its
 scheduler thread ran 3.56 and 2.87 s of 7.4 s workloads at upstream's priority, 1.70 and 2.41 s at nice
-19 (docs/shared_prefix/transfer_worker_nice/; ITL unchanged within noise). mooncake's Python binding has
+19 (docs/results/cpu_contention/transfer_worker_nice/; ITL unchanged within noise). mooncake's Python binding has
 no non-blocking status read for a batch of several descriptors, so the spin cannot be replaced by a
 wait from outside; lowering the worker thread's priority (Linux per-thread nice) leaves it the CPU
 nobody else wants and none that a scheduler wants. The transfer itself is untouched (mooncake's

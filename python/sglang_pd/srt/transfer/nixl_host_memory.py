@@ -5,7 +5,7 @@ server dies at start-up. On a CPU device the hooks (srt/hooks/connection/nixl_co
 buffers "DRAM" and build the manager's agent inside a `HostMemoryScope`, where its busy-polling
 progress thread is turned off; prefill's transfer worker then drives progress itself.
 
-The bound on stalled transfers lives in `transfer_watch.py`.
+The bound on stalled transfers lives in `transfer/watch.py`.
 """
 
 from __future__ import annotations

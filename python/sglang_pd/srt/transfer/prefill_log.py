@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import asdict, dataclass
 
-from sglang_pd.srt.mem_cache.page_math import kv_to_page_num
-from sglang_pd.srt.metrics.pd_metrics import PDCounters
+from sglang_pd.srt.mem_cache import kv_to_page_num
+from sglang_pd.srt.metrics import PDCounters
 
 
 @dataclass

@@ -4,7 +4,7 @@ In SGLang 0.5.23 the mooncake transfer worker turns any exception raised while i
 the end of its thread. The process stays up, and every room queued later on that worker waits until
 decode's timeout (thread_watch.py then fails /health). We met one such exception in CI: the scheduler
 cleared a room that had just concluded Success between the worker's two reads of its status, and the
-second read raised KeyError (docs/fresh_clone/ci_run_0b55ee0_failed.log). Later upstream versions
+second read raised KeyError (docs/results/fresh_clone/ci_run_0b55ee0_failed.log). Later upstream versions
 keep the worker alive (sgl-project/sglang PRs #27162, #28003); 0.5.23 does not. The NIXL worker of
 0.5.23 already fails only the room.
 
@@ -31,7 +31,7 @@ import enum
 import logging
 from typing import Any
 
-from sglang_pd.srt.metrics.pd_metrics import PDCounters
+from sglang_pd.srt.metrics import PDCounters
 
 logger = logging.getLogger(__name__)
 

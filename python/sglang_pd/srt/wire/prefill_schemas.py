@@ -14,7 +14,7 @@ from sglang_pd.srt.wire.dcp_frames import relayout_geometry, staging_and_dcp
 from sglang_pd.srt.wire.fields import MAX_STATE_LISTS, FrameError, FrameLimits
 from sglang_pd.srt.wire.room_decline import DeclineError, parse_decline
 from sglang_pd.srt.wire.verdict import FrameReader
-from sglang_pd.srt.mem_cache.prefix_len import check_in_pool
+from sglang_pd.srt.mem_cache import check_in_pool
 
 MAX_INT = ff.MAX_INT
 MAX_RANK = ff.MAX_RANK

@@ -2,7 +2,7 @@
 
 SGLang pairs prefill's half of a request with decode's half by the bootstrap room alone. Two requests
 with different prompts under one room (a client bug, or a client that learned another's room) pair
-whichever halves meet first: measured (docs/room_pairing/probe.json) a decode request answered with
+whichever halves meet first: measured (docs/results/security/room_pairing/probe.json) a decode request answered with
 exactly another prompt's continuation, computed from that prompt's KV. The halves are bound here by
 their prompt:
 

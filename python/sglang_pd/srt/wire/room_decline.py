@@ -34,7 +34,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Callable
 
-from sglang_pd.srt.metrics.pd_metrics import PDCounters
+from sglang_pd.srt.metrics import PDCounters
 
 ABORT_TAG = b"ABORT"          # upstream's tag (disaggregation/common/conn.py); no new tag is invented
 DECLINE_MARKER = b"sglang_pd:decline"

@@ -37,9 +37,9 @@ def child(curve: bool) -> None:
     import zmq
     from sglang.srt.utils.network import get_zmq_socket_on_host
 
-    from sglang_pd.srt.auth.curve_keys import derive_keys
-    from sglang_pd.srt.auth.peer_auth import PeerAuth
-    from sglang_pd.srt.hooks.network import around_get_zmq_socket_on_host, rank_socket_options
+    from sglang_pd.srt.auth import derive_keys
+    from sglang_pd.srt.auth import PeerAuth
+    from sglang_pd.srt.hooks.connection.network import around_get_zmq_socket_on_host, rank_socket_options
 
     keys = derive_keys(PeerAuth([TEST_SECRET])) if curve else None
     with rank_socket_options(FRAME_CAP, keys):

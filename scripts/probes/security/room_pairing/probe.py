@@ -1,5 +1,5 @@
 """What a bootstrap room shared by two different prompts does, upstream SGLang 0.5.23 alone (sglang_pd not
-loaded) vs with sglang_pd (prompt binding, srt/handshake/prompt_binding.py), on the same kind of PD
+loaded) vs with sglang_pd (prompt binding, srt/wire/prompt_binding.py), on the same kind of PD
 pair (mooncake TCP, page 16). Prompts A and B (100 tokens each) under ONE room: (1) two full pairs at
 once; (2) two decode requests (A, B) and one prefill (A); (3) one decode (B) and two prefills (A, B).
 Per request: HTTP status, output ids, and whether a decode answer equals plain's greedy output for its

@@ -4,7 +4,7 @@ srt/http/bootstrap_middleware.py; the client side is srt/hooks/connection/reques
 
 from __future__ import annotations
 
-from sglang_pd.srt.http.bootstrap_middleware import bootstrap_middleware
+from sglang_pd.srt.http import bootstrap_middleware
 from sglang_pd.srt.state import current, mode_name
 
 

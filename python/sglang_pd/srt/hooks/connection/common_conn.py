@@ -25,21 +25,21 @@ import threading
 
 from sglang_pd.srt.auth import curve_keys
 from sglang_pd.srt.fault_injection import Fault
-from sglang_pd.srt.handshake.decline_delivery import consume_decline, fail_room_if_known
-from sglang_pd.srt.wire.fields import FrameLimits, Side
-from sglang_pd.srt.handshake.gate import HandshakeGate
-from sglang_pd.srt.handshake.manager_host import ManagerHost
-from sglang_pd.srt.wire.pool_bounds import bounds_frame, bounds_of
-from sglang_pd.srt.handshake.prefill_rooms import PrefillRooms
-from sglang_pd.srt.wire.prompt_binding import PromptDigests
-from sglang_pd.srt.handshake.rank_socket import (expected_threads, frame_limits, reader_comes_straight_back,
+from sglang_pd.srt.handshake import consume_decline, fail_room_if_known
+from sglang_pd.srt.wire import FrameLimits, Side
+from sglang_pd.srt.handshake import HandshakeGate
+from sglang_pd.srt.handshake import ManagerHost
+from sglang_pd.srt.wire import bounds_frame, bounds_of
+from sglang_pd.srt.handshake import PrefillRooms
+from sglang_pd.srt.wire import PromptDigests
+from sglang_pd.srt.handshake import (expected_threads, frame_limits, reader_comes_straight_back,
                                                  unguarded_with_secret, with_dcp_place, zmq_frame_cap)
-from sglang_pd.srt.handshake.room_expiry import RoomTombstones, UnclaimedRooms
-from sglang_pd.srt.handshake.sockets import Between, GuardedSocket, HeldRooms, SigningSocket
+from sglang_pd.srt.handshake import RoomTombstones, UnclaimedRooms
+from sglang_pd.srt.handshake import Between, GuardedSocket, HeldRooms, SigningSocket
 from sglang_pd.srt.hooks.connection.network import rank_socket_options
-from sglang_pd.srt.mem_cache.page_math import bytes_per_page
+from sglang_pd.srt.mem_cache import bytes_per_page
 from sglang_pd.srt.state import current, mode_name
-from sglang_pd.srt.threads.thread_watch import ThreadRole, ThreadWatch, Watchdog
+from sglang_pd.srt.threads import ThreadRole, ThreadWatch, Watchdog
 
 logger = logging.getLogger(__name__)
 

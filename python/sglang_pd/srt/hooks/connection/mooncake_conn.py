@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import time
 
-from sglang_pd.srt.transfer.batches import descriptor_batches
-from sglang_pd.srt.transfer.worker_recovery import ChunkTap, record, recover_room
+from sglang_pd.srt.transfer import descriptor_batches
+from sglang_pd.srt.transfer import ChunkTap, record, recover_room
 from sglang_pd.srt.hooks.connection.common_conn import consume_decline_first
 from sglang_pd.srt.state import current
 
@@ -32,7 +32,7 @@ def around_send_kvcache(original, mgr, mooncake_session_id, prefill_kv_indices, 
     if watch.take_send_failure():
         return -1
     if watch.take_worker_error():
-        raise KeyError(watch.room())  # what 0.5.23's worker raised for a cleared room (transfer_worker_guard.py)
+        raise KeyError(watch.room())  # what 0.5.23's worker raised for a cleared room (transfer/worker_recovery.py)
     return original(mgr, mooncake_session_id, prefill_kv_indices, dst_kv_ptrs, dst_kv_indices, executor,
                     dst_layer_ids, dst_device_kv_indices, dst_kv_item_len, dst_attn_tp_size)
 
@@ -53,7 +53,7 @@ def around_transfer_worker(original, mgr, queue, executor, staging_buffer=None, 
     """Prefill, one per transfer worker thread: lower its CPU priority (worker_priority.py), then run
     upstream's worker loop. When the loop raises for a chunk, settle that chunk's room (fail it and tell
     decode, unless it was already cleared or concluded), count it and run the loop again on the same
-    queue (transfer_worker_guard.py). An exception with no chunk in hand still ends the thread."""
+    queue (transfer/worker_recovery.py). An exception with no chunk in hand still ends the thread."""
     state = current()
     state.transfer_worker_priority.lower_current_thread()
     tap = ChunkTap(queue)

@@ -16,7 +16,7 @@ import contextvars
 from typing import NamedTuple
 
 from sglang_pd.srt.auth import curve_keys
-from sglang_pd.srt.auth.curve_keys import CurveKeys
+from sglang_pd.srt.auth import CurveKeys
 
 
 class RankSocketOptions(NamedTuple):

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import logging
 
-from sglang_pd.srt.transfer.nixl_host_memory import HOST_MEMORY_KIND
+from sglang_pd.srt.transfer import HOST_MEMORY_KIND
 from sglang_pd.srt.hooks.connection.common_conn import consume_decline_first
-from sglang_pd.srt.mem_cache.page_math import bytes_per_page
+from sglang_pd.srt.mem_cache import bytes_per_page
 from sglang_pd.srt.state import current
 
 logger = logging.getLogger(__name__)

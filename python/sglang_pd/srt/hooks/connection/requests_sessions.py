@@ -15,7 +15,7 @@ from urllib.parse import urlsplit
 
 from sglang_pd.srt.state import current
 from sglang_pd.srt.http import bootstrap_checks as bootstrap_http
-from sglang_pd.srt.auth.peer_auth import HTTP_HEADER, HTTP_RESPONSE_HEADER
+from sglang_pd.srt.auth import HTTP_HEADER, HTTP_RESPONSE_HEADER
 
 
 def around_session_request(original, session, method, url, params=None, data=None, headers=None, cookies=None,

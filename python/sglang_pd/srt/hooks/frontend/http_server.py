@@ -10,11 +10,11 @@ Concurrent callers of these routes share one question to the schedulers (srt/met
 from __future__ import annotations
 
 import sglang_pd
-from sglang_pd.srt.http.health import HealthGuardMiddleware
-from sglang_pd.srt.http.retry_after import RetryAfterMiddleware
+from sglang_pd.srt.http import HealthGuardMiddleware
+from sglang_pd.srt.http import RetryAfterMiddleware
 from sglang_pd.srt.fault_injection import KEY_PREFIX
-from sglang_pd.srt.metrics.scrape_refresh import RefreshBeforeScrape
-from sglang_pd.srt.metrics.single_flight import SingleFlight
+from sglang_pd.srt.metrics import RefreshBeforeScrape
+from sglang_pd.srt.metrics import SingleFlight
 from sglang_pd.srt.state import INTERNAL_STATE_KEY, current, mode_name
 
 INFO_PATH = "/sglang_pd/info"

@@ -1,10 +1,10 @@
 """Hooks on SGLang's request structs (`managers/io_struct.py`, HTTP process): a request's parallel-sample
 count and stop regexes are checked before SGLang expands the request into that many copies, its rid
-after SGLang normalised it (prompt_guard.py). A ValueError here is SGLang's HTTP 400."""
+after SGLang normalised it (http/request_checks.py). A ValueError here is SGLang's HTTP 400."""
 
 from __future__ import annotations
 
-from sglang_pd.srt.http.request_checks import (check_parallel_samples, check_request_ids, check_stop_regex,
+from sglang_pd.srt.http import (check_parallel_samples, check_request_ids, check_stop_regex,
                                                        num_prompts)
 from sglang_pd.srt.state import current
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sglang_pd.srt.metrics.request_fields import FIELDS
+from sglang_pd.srt.metrics import FIELDS
 
 
 def around_is_request_level_key(original, streamer, key):

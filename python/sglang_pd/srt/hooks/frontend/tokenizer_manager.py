@@ -1,14 +1,14 @@
 """Hooks on SGLang's `TokenizerManager` (HTTP process): our meta_info fields as plain numbers; a
-prompt's token ids checked against the vocabulary (prompt_guard.py) and, on a PD server, its pairing
-fields (pairing_guard.py); a PD server's HTTP process runs
+prompt's token ids checked against the vocabulary (http/request_checks.py) and, on a PD server, its pairing
+fields (http/pairing_checks.py); a PD server's HTTP process runs
 its threads without wake-up preemption (helper_threads.py)."""
 
 from __future__ import annotations
 
-from sglang_pd.srt.http.pairing_checks import check_pairing
-from sglang_pd.srt.http.request_checks import (check_input_ids, check_logprob_start_len, check_sampling_limits,
+from sglang_pd.srt.http import check_pairing
+from sglang_pd.srt.http import (check_input_ids, check_logprob_start_len, check_sampling_limits,
                                                        check_top_logprobs_num)
-from sglang_pd.srt.metrics.request_fields import unwrap_request_fields
+from sglang_pd.srt.metrics import unwrap_request_fields
 from sglang_pd.srt.state import current
 
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 import logging
 import time
 
-from sglang_pd.srt.admission.room_renewal import mark_declined
+from sglang_pd.srt.admission import mark_declined
 from sglang_pd.srt.fault_injection import Fault
-from sglang_pd.srt.wire.room_decline import DeclineNotice
-from sglang_pd.srt.handshake.decline_delivery import send_decline
-from sglang_pd.srt.local_prefill.decision import LocalFallback, LocalDecision
-from sglang_pd.srt.mem_cache.page_math import RequestKind, bytes_per_page, kv_to_page_num, request_kind
-from sglang_pd.srt.metrics.request_fields import PATH_DECODE_LOCAL, attach_request_fields
+from sglang_pd.srt.wire import DeclineNotice
+from sglang_pd.srt.handshake import send_decline
+from sglang_pd.srt.local_prefill import LocalFallback, LocalDecision
+from sglang_pd.srt.mem_cache import RequestKind, bytes_per_page, kv_to_page_num, request_kind
+from sglang_pd.srt.metrics import PATH_DECODE_LOCAL, attach_request_fields
 from sglang_pd.srt.state import current
 
 logger = logging.getLogger(__name__)

@@ -22,13 +22,13 @@ import time
 from http import HTTPStatus
 
 from sglang_pd.srt.admission import headroom
-from sglang_pd.srt.admission.candidates import round_candidates
-from sglang_pd.srt.admission.decode_admission import AdmissionError
-from sglang_pd.srt.admission.room_renewal import needs_new_room, renew_room
-from sglang_pd.srt.wire.room_decline import DeclineNotice
-from sglang_pd.srt.handshake.decline_delivery import send_decline
+from sglang_pd.srt.admission import round_candidates
+from sglang_pd.srt.admission import AdmissionError
+from sglang_pd.srt.admission import needs_new_room, renew_room
+from sglang_pd.srt.wire import DeclineNotice
+from sglang_pd.srt.handshake import send_decline
 from sglang_pd.srt.hooks.scheduling.takeover import owns_decode_queue
-from sglang_pd.srt.mem_cache.page_math import RequestKind, request_kind
+from sglang_pd.srt.mem_cache import RequestKind, request_kind
 from sglang_pd.srt.state import current
 
 logger = logging.getLogger(__name__)

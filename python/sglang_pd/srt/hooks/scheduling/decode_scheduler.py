@@ -15,7 +15,7 @@ import logging
 import time
 from http import HTTPStatus
 
-from sglang_pd.srt.mem_cache.page_math import request_kv_len as kv_len
+from sglang_pd.srt.mem_cache import request_kv_len as kv_len
 from sglang_pd.srt.state import current
 
 logger = logging.getLogger(__name__)

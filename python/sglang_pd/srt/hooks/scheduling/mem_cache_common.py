@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from sglang_pd.srt.fault_injection import Fault, read_kv
-from sglang_pd.srt.mem_cache.page_math import maybe_cache_unfinished_req
+from sglang_pd.srt.mem_cache import maybe_cache_unfinished_req
 from sglang_pd.srt.state import current
 
 

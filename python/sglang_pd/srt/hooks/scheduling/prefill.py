@@ -13,8 +13,8 @@ import logging
 
 from sglang_pd.srt.fault_injection import Fault
 from sglang_pd.srt.hooks.connection.common_conn import fail_declined_room
-from sglang_pd.srt.mem_cache.page_math import RequestKind, request_kind
-from sglang_pd.srt.mem_cache.prefix_len import check_for_prompt
+from sglang_pd.srt.mem_cache import RequestKind, request_kind
+from sglang_pd.srt.mem_cache import check_for_prompt
 from sglang_pd.srt.state import current
 
 logger = logging.getLogger(__name__)

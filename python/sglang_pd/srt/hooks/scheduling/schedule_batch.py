@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 from http import HTTPStatus
 
-from sglang_pd.srt.admission.radix_resume import ResumeError
+from sglang_pd.srt.admission import ResumeError
 from sglang_pd.srt.state import current
 
 logger = logging.getLogger(__name__)

@@ -10,8 +10,8 @@ import time
 from sglang_pd.srt.fault_injection import Fault
 from sglang_pd.srt.hooks.scheduling.decode_scheduler import release_local
 from sglang_pd.srt.hooks.scheduling.takeover import owns_decode_queue
-from sglang_pd.srt.mem_cache.page_math import request_kv_len as kv_len
-from sglang_pd.srt.mem_cache.tree_integrity import check_integrity
+from sglang_pd.srt.mem_cache import request_kv_len as kv_len
+from sglang_pd.srt.mem_cache import check_integrity
 from sglang_pd.srt.state import INTERNAL_STATE_KEY, current, mode_name
 
 logger = logging.getLogger(__name__)
