@@ -7,7 +7,7 @@ Invariant (every request that reaches a transfer):
 so prefill sends exactly the pages past it, `ceil((prompt_len - decode_prefix_len) / page_size)`, and
 never writes into a page decode's tree owns. Two checks of it, one per place the facts are known:
 
-  `check_in_pool`    the wire schema (srt/wire/frames.py), before the prompt is known: a number a
+  `check_in_pool`    the wire schema (srt/wire/prefill_schemas.py), before the prompt is known: a number a
                      pool this size can hold, 0 <= decode_prefix_len <= max_kv_pages * page_size.
   `check_for_prompt` the whole invariant, where the prompt is known: decode admission
                      (srt/admission/decode_admission.py) on the tree's match before it locks it, and
