@@ -6,7 +6,7 @@ import sys, time, random, json, re, argparse
 import concurrent.futures as cf
 from pathlib import Path
 from sglang_pd.harness import DeploymentConfig, PDDeployment
-from sglang_pd.harness.deployment import new_bootstrap_room
+from sglang_pd.harness.deployment_requests import new_bootstrap_room
 
 ap = argparse.ArgumentParser()
 ap.add_argument("mode"); ap.add_argument("page", type=int); ap.add_argument("logdir")

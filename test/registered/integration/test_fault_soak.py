@@ -27,7 +27,7 @@ import requests
 from conftest import LOG_ROOT, SESSION_PROBE_S, WAITING_TIMEOUT_S, record_figures
 from sglang_pd.config import LOCAL_PREFILL_TOKENS
 from sglang_pd.harness import DeploymentConfig, PDDeployment
-from sglang_pd.harness.deployment import new_bootstrap_room
+from sglang_pd.harness.deployment_requests import new_bootstrap_room
 from sglang_pd.harness.hostile_peer import assert_threads_alive
 from sglang_pd.models import VOCAB_SIZE
 from sglang_pd.srt.hooks.attention_backend import BACKEND_NAME

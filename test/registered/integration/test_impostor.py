@@ -18,7 +18,7 @@ import time
 import pytest
 
 from sglang_pd.harness import PDDeployment
-from sglang_pd.harness.deployment import new_bootstrap_room
+from sglang_pd.harness.deployment_requests import new_bootstrap_room
 from sglang_pd.harness.hostile_peer import (PeerSocket, Templates, TransferPeer, assert_threads_alive,
                                             captured_frames, handshake_view, rank_endpoint, wait_received)
 from sglang_pd.models import VOCAB_SIZE

@@ -19,7 +19,7 @@ from lock_checks import in_background, wait_until
 from sglang_pd.bench.pd_client import router_stream
 from sglang_pd.config import LOCAL_PREFILL_STEP_TOKENS, LOCAL_PREFILL_TOKENS
 from sglang_pd.harness import DeploymentConfig, PDDeployment
-from sglang_pd.harness.deployment import new_bootstrap_room
+from sglang_pd.harness.deployment_requests import new_bootstrap_room
 from sglang_pd.harness.equality import assert_differs, assert_same
 from sglang_pd.launch_router import ROUTING_KEY_HEADER
 from sglang_pd.srt.fault_injection import decode_kv

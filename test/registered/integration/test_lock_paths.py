@@ -12,7 +12,7 @@ import requests
 from conftest import WAITING_TIMEOUT_S, initial_states
 from lock_checks import assert_lock_held, assert_released_once, in_background, wait_for_plan
 from sglang_pd.harness import PDDeployment
-from sglang_pd.harness.deployment import new_bootstrap_room
+from sglang_pd.harness.deployment_requests import new_bootstrap_room
 from sglang_pd.harness.hostile_peer import assert_threads_alive
 from sglang_pd.harness.server import free_port
 from sglang_pd.models import VOCAB_SIZE

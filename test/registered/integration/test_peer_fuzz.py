@@ -16,7 +16,7 @@ import pytest
 import requests
 
 from sglang_pd.harness import PDDeployment
-from sglang_pd.harness.deployment import new_bootstrap_room
+from sglang_pd.harness.deployment_requests import new_bootstrap_room
 from sglang_pd.harness.hostile_peer import (PeerIdentity, PeerSocket, Templates, assert_threads_alive,
                                             handshake_view, mutate, random_frames, rank_endpoint, wait_received)
 from sglang_pd.models import VOCAB_SIZE

@@ -40,7 +40,7 @@ def test_in_pool_bounds_the_value_by_the_pool_only():
 @pytest.mark.parametrize("backend", ["mooncake", "nixl"])
 def test_the_wire_schema_applies_the_pool_rule(backend):
     from sglang_pd.harness.hostile_peer import PeerIdentity, Templates
-    from sglang_pd.srt.wire.frames import FrameLimits, Side, check_message
+    from sglang_pd.srt.wire import FrameLimits, Side, check_message
 
     limits = FrameLimits(backend, Side.PREFILL, page_size=16, max_kv_pages=4, max_frame_bytes=1 << 20)
     t = Templates(backend, PeerIdentity("127.0.0.1", 40001, "127.0.0.1:16001"))
