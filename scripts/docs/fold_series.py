@@ -218,6 +218,19 @@ def fold(series: Series) -> dict:
                                     "(replaces the 512 stored samples)", "runs": runs}
 
 
+def stored_run(results: Path, name: str) -> dict:
+    """The stored report of run `name`: its JSON under `results`, else its entry in a summary this script
+    wrote there (the render_tables scripts read folded runs through this)."""
+    path = results / name
+    if path.exists():
+        return json.loads(path.read_text())
+    for summary in sorted(results.glob("*_summary.json")):
+        runs = json.loads(summary.read_text())["runs"]
+        if name in runs:
+            return runs[name]["report"]
+    raise FileNotFoundError(f"{name}: neither under {results} nor in a summary there")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--check", action="store_true", help="compare, do not write")

@@ -11,19 +11,15 @@ import json
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "docs"))
+from fold_series import stored_run  # noqa: E402 (scripts/docs is not a package)
+
 RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results" / "local_prefill"
 
 
 def load(name: str) -> dict:
-    """The stored report of run `name`: its JSON under RESULTS, else its entry in a summary there."""
-    path = RESULTS / name
-    if path.exists():
-        return json.loads(path.read_text())
-    for summary in sorted(RESULTS.glob("*_summary.json")):
-        runs = json.loads(summary.read_text())["runs"]
-        if name in runs:
-            return runs[name]["report"]
-    raise FileNotFoundError(f"{name}: neither under {RESULTS} nor in a summary there")
+    """The stored report of run `name` under RESULTS (folded runs read from their summary)."""
+    return stored_run(RESULTS, name)
 
 
 def label(name: str) -> str:

@@ -8,23 +8,20 @@ Runs are named by their path under docs/results/shared_prefix/ as they were stor
 """
 
 import json
+import sys
 import statistics
 from collections import defaultdict
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "docs"))
+from fold_series import stored_run  # noqa: E402 (scripts/docs is not a package)
 
 RESULTS = Path(__file__).resolve().parents[3] / "docs" / "results" / "shared_prefix"
 
 
 def load(name: str) -> dict:
-    """The stored report of run `name`: its JSON under RESULTS, else its entry in a summary there."""
-    path = RESULTS / name
-    if path.exists():
-        return json.loads(path.read_text())
-    for summary in sorted(RESULTS.glob("*_summary.json")):
-        runs = json.loads(summary.read_text())["runs"]
-        if name in runs:
-            return runs[name]["report"]
-    raise FileNotFoundError(f"{name}: neither under {RESULTS} nor in a summary there")
+    """The stored report of run `name` under RESULTS (folded runs read from their summary)."""
+    return stored_run(RESULTS, name)
 
 
 def attention_table(name: str) -> str:
