@@ -138,3 +138,19 @@ def test_every_stored_result_is_cited():
 
 def test_every_results_folder_has_a_readme():
     assert [d.name for d in RESULTS.iterdir() if d.is_dir() and not (d / "README.md").exists()] == []
+
+
+def summary_lines(page: str) -> int | None:
+    """Lines of the `**Summary.**` paragraph that opens a topic page (after its title), or None."""
+    paragraphs = page.split("\n\n")
+    if len(paragraphs) < 2 or not paragraphs[1].startswith("**Summary.**"):
+        return None
+    return len(paragraphs[1].splitlines())
+
+
+def test_every_topic_page_opens_with_a_summary_of_at_most_ten_lines():
+    pages = sorted((ROOT / "docs").glob("*.md"))
+    assert pages
+    found = {p.name: summary_lines(p.read_text()) for p in pages}
+    assert {n: c for n, c in found.items() if c is None or c > 10} == {}
+    assert summary_lines("# t\n\n**Summary.** " + "x\n" * 11) == 11  # the count itself
