@@ -34,7 +34,7 @@ from sglang_pd.srt.attention import OwnDecodeKernel, build_problem
 from sglang_pd.srt.attention import find_prefix_groups
 from sglang_pd.srt.attention import RequestKey
 from sglang_pd.srt.attention import AttentionFallback, SharedAttentionStats
-from sglang_pd.srt.attention import DecodePlan, SharedPrefixDecoder
+from sglang_pd.srt.attention import CpuDecodeKernels, DecodePlan, SharedPrefixDecoder
 from sglang_pd.srt.fault_injection import Fault
 from sglang_pd.srt.state import current
 
@@ -117,7 +117,7 @@ def create_backend(runner):
     config = runner.model_config  # query heads on this rank: its KV heads x the model's GQA factor
     num_q_heads = runner.token_to_kv_pool.head_num * config.num_attention_heads // config.get_total_num_kv_heads()
     backend = SharedPrefixAttnBackend(TorchNativeAttnBackend(runner), stats, num_q_heads)
-    stats.on_backend_created(BACKEND_NAME, backend.decoder.kernel.describe(), backend.min_reads_saved)
+    stats.on_backend_created(BACKEND_NAME, backend.decoder.kernels.describe(), backend.min_reads_saved)
     return backend
 
 
@@ -160,7 +160,7 @@ class SharedPrefixAttnBackend(AttentionBackend):
         self.min_reads_saved = min_reads_saved_for(num_q_heads) if min_reads_saved is None else min_reads_saved
         pool = inner.token_to_kv_pool
         self.layer_ids = range(pool.start_layer, pool.start_layer + pool.layer_num)
-        self.decoder = SharedPrefixDecoder(pool.head_num, pool.head_dim, OwnDecodeKernel())
+        self.decoder = SharedPrefixDecoder(CpuDecodeKernels(pool.head_num, pool.head_dim, OwnDecodeKernel()))
         self.plan: DecodePlan | None = None
         self.batch_fallback: AttentionFallback | None = None
         self.planned_batch = None  # the ForwardBatch the plan was built for (a plan never serves another)
