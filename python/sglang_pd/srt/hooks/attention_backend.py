@@ -14,8 +14,9 @@ The backend wraps SGLang's `TorchNativeAttnBackend` (built from the same model r
   (`AttentionFallback`: sliding-window layers, cross attention, logit cap, encoder tokens, hybrid SWA
   pool, beam search), and extend layer calls that are not plain causal self-attention; idle forwards.
 
-Refused at start-up (ValueError naming the flag): a device other than CPU (the GPU form is a plan
-in README), a torch without the fused CPU attention kernel (attention/partials.py), no C compiler to
+Refused at start-up (ValueError naming the flag): a device other than CPU (the Triton kernels of the
+GPU form, attention/triton_kernels.py, are checked under Triton's interpreter only; no CUDA forward
+through this backend has run, so it is not served), a torch without the fused CPU attention kernel (attention/partials.py), no C compiler to
 build the own-part kernel (own_decode_kernel.py), torch.compile / CPU graphs, MLA models, KV pools
 other than MHATokenToKVPool / SWAKVPool, quantised (fp8) KV, KV buffers not laid out contiguous
 [tokens, kv heads, head_dim] and value heads unlike key heads. Logic lives in srt/disaggregation;
@@ -79,7 +80,9 @@ def unsupported_runner(runner) -> str | None:
     from sglang.srt.runtime_context import get_flags
 
     if str(runner.device) != "cpu":
-        return f"device {runner.device}: only the CPU implementation exists (README: GPU plan)"
+        return (f"device {runner.device}: the GPU kernels exist (attention/triton_kernels.py, Triton; numerics "
+                "checked only under Triton's CPU interpreter) but no CUDA forward through this backend has run "
+                "anywhere yet, so only CPU is served (docs/shared_prefix_attention.md)")
     problem = missing_kernel()
     if problem is not None:
         return problem
