@@ -43,7 +43,8 @@ declared_deps_note() {
 "$V/bin/pip" install -q -c "$PINS" torch==2.13.0 2>&1 | declared_deps_note
 # Without deps: their declared deps pull a CUDA torch and several GB of CUDA wheels.
 "$V/bin/pip" install -q -c "$PINS" --no-deps "sglang==0.5.23" "torchvision==0.28.0" "nixl==1.5.1" "nixl-cu13==1.5.1" 2>&1 | declared_deps_note
-# What sglang really imports to serve (triton only because many modules import it at top level).
+# What sglang really imports to serve (triton because many modules import it at top level; the unit tier
+# also runs our Triton kernels under its interpreter, test_triton_shared_prefix.py).
 "$V/bin/pip" install -q -c "$PINS" torch==2.13.0 triton "sglang-router==0.3.2" aiohttp fastapi "uvicorn>=0.51" uvloop orjson \
   pydantic "pyzmq>=25.1.2" psutil requests numpy "transformers==5.19.0" "tokenizers==0.23.2" safetensors msgspec \
   setproctitle "prometheus-client>=0.20.0" python-multipart pybase64 packaging tqdm einops xxhash interegular \

@@ -283,7 +283,7 @@ def test_registered_by_name_and_refused_where_it_cannot_serve():
 
     fp8_pool = MHATokenToKVPool(size=64, page_size=1, dtype=torch.float8_e4m3fn, head_num=4, head_dim=64,
                                 layer_num=1, device="cpu", enable_memory_saver=False)
-    for change, message in ((dict(device="cuda"), "only the CPU implementation"),
+    for change, message in ((dict(device="cuda"), "no CUDA forward through this backend has run"),
                             (dict(use_mla_backend=True), "MLA"),
                             (dict(token_to_kv_pool=object()), "KV pool object"),
                             (dict(token_to_kv_pool=fp8_pool), "quantised KV")):

@@ -46,11 +46,12 @@ class SegmentStep:
     k: tuple[torch.Tensor, ...]   # per layer float32 [kv heads, tokens, head_dim]
     v: tuple[torch.Tensor, ...]
     gathered: bool                # gathered from the pool for this forward (not reused)
+    slots: torch.Tensor           # int64 [tokens]: the segment's pool slots (what a kernel reading in place reads)
 
     @property
     def num_tokens(self) -> int:
         """Tokens of KV the segment holds."""
-        return self.k[0].shape[1]
+        return self.slots.numel()
 
 
 class _Entry(NamedTuple):
@@ -80,7 +81,8 @@ class SegmentKVCache:
             members = frozenset(keys[m] for m in seg.members)
             entry = entries.get(key)  # the same slots twice in one forward: same KV, gathered once
             if entry is not None and torch.equal(entry.slots, seg.slots):
-                steps.append(SegmentStep(torch.tensor(seg.members, dtype=torch.int64), entry.k, entry.v, False))
+                steps.append(SegmentStep(torch.tensor(seg.members, dtype=torch.int64), entry.k, entry.v, False,
+                                         seg.slots))
                 continue
             entry = self._entries.get(key)
             reuse = entry is not None and torch.equal(entry.slots, seg.slots) and any(
@@ -90,7 +92,8 @@ class SegmentKVCache:
             else:
                 entry = _Entry(seg.slots, members, *self._gather(seg.slots, pool_k, pool_v))
             entries[key] = entry
-            steps.append(SegmentStep(torch.tensor(seg.members, dtype=torch.int64), entry.k, entry.v, not reuse))
+            steps.append(SegmentStep(torch.tensor(seg.members, dtype=torch.int64), entry.k, entry.v, not reuse,
+                                     seg.slots))
         self._entries = entries
         return tuple(steps)
 

@@ -14,8 +14,9 @@ The backend wraps SGLang's `TorchNativeAttnBackend` (built from the same model r
   (`AttentionFallback`: sliding-window layers, cross attention, logit cap, encoder tokens, hybrid SWA
   pool, beam search), and extend layer calls that are not plain causal self-attention; idle forwards.
 
-Refused at start-up (ValueError naming the flag): a device other than CPU (the GPU form is a plan
-in README), a torch without the fused CPU attention kernel (attention/partials.py), no C compiler to
+Refused at start-up (ValueError naming the flag): a device other than CPU (the Triton kernels of the
+GPU form, attention/triton_kernels.py, are checked under Triton's interpreter only; no CUDA forward
+through this backend has run, so it is not served), a torch without the fused CPU attention kernel (attention/partials.py), no C compiler to
 build the own-part kernel (own_decode_kernel.py), torch.compile / CPU graphs, MLA models, KV pools
 other than MHATokenToKVPool / SWAKVPool, quantised (fp8) KV, KV buffers not laid out contiguous
 [tokens, kv heads, head_dim] and value heads unlike key heads. Logic lives in srt/disaggregation;
@@ -34,7 +35,7 @@ from sglang_pd.srt.attention import OwnDecodeKernel, build_problem
 from sglang_pd.srt.attention import find_prefix_groups
 from sglang_pd.srt.attention import RequestKey
 from sglang_pd.srt.attention import AttentionFallback, SharedAttentionStats
-from sglang_pd.srt.attention import DecodePlan, SharedPrefixDecoder
+from sglang_pd.srt.attention import CpuDecodeKernels, DecodePlan, SharedPrefixDecoder
 from sglang_pd.srt.fault_injection import Fault
 from sglang_pd.srt.state import current
 
@@ -79,7 +80,9 @@ def unsupported_runner(runner) -> str | None:
     from sglang.srt.runtime_context import get_flags
 
     if str(runner.device) != "cpu":
-        return f"device {runner.device}: only the CPU implementation exists (README: GPU plan)"
+        return (f"device {runner.device}: the GPU kernels exist (attention/triton_kernels.py, Triton; numerics "
+                "checked only under Triton's CPU interpreter) but no CUDA forward through this backend has run "
+                "anywhere yet, so only CPU is served (docs/shared_prefix_attention.md)")
     problem = missing_kernel()
     if problem is not None:
         return problem
@@ -117,7 +120,7 @@ def create_backend(runner):
     config = runner.model_config  # query heads on this rank: its KV heads x the model's GQA factor
     num_q_heads = runner.token_to_kv_pool.head_num * config.num_attention_heads // config.get_total_num_kv_heads()
     backend = SharedPrefixAttnBackend(TorchNativeAttnBackend(runner), stats, num_q_heads)
-    stats.on_backend_created(BACKEND_NAME, backend.decoder.kernel.describe(), backend.min_reads_saved)
+    stats.on_backend_created(BACKEND_NAME, backend.decoder.kernels.describe(), backend.min_reads_saved)
     return backend
 
 
@@ -160,7 +163,7 @@ class SharedPrefixAttnBackend(AttentionBackend):
         self.min_reads_saved = min_reads_saved_for(num_q_heads) if min_reads_saved is None else min_reads_saved
         pool = inner.token_to_kv_pool
         self.layer_ids = range(pool.start_layer, pool.start_layer + pool.layer_num)
-        self.decoder = SharedPrefixDecoder(pool.head_num, pool.head_dim, OwnDecodeKernel())
+        self.decoder = SharedPrefixDecoder(CpuDecodeKernels(pool.head_num, pool.head_dim, OwnDecodeKernel()))
         self.plan: DecodePlan | None = None
         self.batch_fallback: AttentionFallback | None = None
         self.planned_batch = None  # the ForwardBatch the plan was built for (a plan never serves another)
