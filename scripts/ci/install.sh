@@ -68,5 +68,5 @@ SITE=$("$PY" -c 'import sysconfig;print(sysconfig.get_paths()["purelib"])')
 echo "$ROOT/python/sglang_pd/cpu_kernels" > "$SITE/sglang_pd_cpu_kernels.pth"
 "$PY" -c "import torch, torchvision, sglang.launch_server, nixl, sgl_kernel, sglang_pd; from sglang_pd.real_model import gguf_path; gguf_path(); print('install.sh: ok torch', torch.__version__)"
 # The shared-prefix attention backend compiles its C kernel at server start (cc, about 0.3 s): fail here, not there.
-"$PY" -m sglang_pd.srt.attention.own_decode_kernel
+"$PY" -c "from sglang_pd.srt.attention.own_decode_kernel import main; raise SystemExit(main())"
 touch "$STAMP"
