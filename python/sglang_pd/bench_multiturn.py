@@ -45,7 +45,7 @@ from tqdm import tqdm
 
 from sglang_pd.bench.multiturn_workload import WorkloadConfig, run_workload, system_prompt
 from sglang_pd.bench.pd_client import pd_stream, router_stream
-from sglang_pd.bench.fresh_run import config_deployment, run_fresh
+from sglang_pd.bench.fresh_run import BackgroundStops, config_deployment, run_fresh
 from sglang_pd.bench.report import (format_local_stages, format_prefill_answer, format_stages, format_table,
                                      format_ttft_split, identical_outputs, machine, plot, plot_summary)
 from sglang_pd.bench.server_figures import ServerFigures
@@ -162,8 +162,9 @@ def measure(prefill_url, decode_url, bootstrap_port, cfg: WorkloadConfig, label:
     return summary, outputs
 
 
-def run_config(config: BenchConfig, args, cfg: WorkloadConfig):
-    """Fresh deployment for one configuration (bench/fresh_run.py); stopped whatever happens.
+def run_config(config: BenchConfig, args, cfg: WorkloadConfig, stops: BackgroundStops | None = None):
+    """Fresh deployment for one configuration (bench/fresh_run.py); stopped whatever happens (in `stops`
+    when given: the caller waits for it).
 
     Returns (summary, outputs), or (StartFailure, {}) when a server of the pair does not start."""
     deployment = config_deployment(config, PRESETS[args.preset][1], transfer_backend=args.transfer_backend,
@@ -182,7 +183,7 @@ def run_config(config: BenchConfig, args, cfg: WorkloadConfig):
         summary["placement_checked_after_run"] = _placement_after_run(dep)
         return summary, outputs
 
-    return run_fresh(config.name, deployment, measure_pair)
+    return run_fresh(config.name, deployment, measure_pair, stops)
 
 
 def _placement_after_run(dep: PDDeployment) -> dict:
@@ -243,12 +244,13 @@ def _run_all(args, cfg: WorkloadConfig) -> tuple[dict, dict, dict]:
     results, outputs, failures = {}, {}, {}
     if args.placement is not None:
         os.sched_setaffinity(0, args.placement.client)  # this process's client threads too
-    for config in args.configs:
-        result, outs = run_config(config, args, cfg)
-        if isinstance(result, StartFailure):
-            failures[config.name] = result
-        else:
-            results[config.name], outputs[config.name] = result, outs
+    with BackgroundStops() as stops:  # each configuration starts while the one before shuts down
+        for config in args.configs:
+            result, outs = run_config(config, args, cfg, stops)
+            if isinstance(result, StartFailure):
+                failures[config.name] = result
+            else:
+                results[config.name], outputs[config.name] = result, outs
     return results, outputs, failures
 
 

@@ -15,7 +15,17 @@ export PIP_DISABLE_PIP_VERSION_CHECK=1
 export PIP_ONLY_BINARY=:all:
 PY="$V/bin/python"
 
-if [ -f "$STAMP" ] && "$PY" -c "import sglang_pd, sglang, nixl, torchvision, sgl_kernel, matplotlib, accelerate; from sglang_pd.real_model import gguf_path; gguf_path()" 2>/dev/null; then
+# The stamp holds a digest of this recipe: changing install.sh, the pins or pyproject.toml re-runs it.
+RECIPE=$(cat "$0" "$PINS" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)
+# A complete venv is checked without importing anything (importing sglang alone takes ~7 s on this box):
+# the stamp's recipe, every package at its installed place, and the GGUF file the offline model reads.
+if [ "$(cat "$STAMP" 2>/dev/null)" = "$RECIPE" ] && "$PY" -c "
+import importlib.metadata as m, importlib.util as u, sys
+assert m.version('torch').startswith('2.13.0') and m.version('sglang') == '0.5.23'
+for mod in ('sglang_pd', 'sglang', 'nixl', 'torchvision', 'sgl_kernel', 'matplotlib', 'accelerate', 'triton', 'sglang_router', 'mooncake'):
+    assert u.find_spec(mod) is not None, mod
+from sglang_pd.real_model import gguf_path; assert gguf_path().is_file()
+" 2>/dev/null; then
   echo "install.sh: $V already complete"; exit 0
 fi
 
@@ -69,4 +79,4 @@ echo "$ROOT/python/sglang_pd/cpu_kernels" > "$SITE/sglang_pd_cpu_kernels.pth"
 "$PY" -c "import torch, torchvision, sglang.launch_server, nixl, sgl_kernel, sglang_pd; from sglang_pd.real_model import gguf_path; gguf_path(); print('install.sh: ok torch', torch.__version__)"
 # The shared-prefix attention backend compiles its C kernel at server start (cc, about 0.3 s): fail here, not there.
 "$PY" -c "from sglang_pd.srt.attention.own_decode_kernel import main; raise SystemExit(main())"
-touch "$STAMP"
+echo "$RECIPE" > "$STAMP"

@@ -6,6 +6,7 @@ while starting were moved by the harness and are listed with the figures (`port_
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from typing import Callable
 
@@ -23,12 +24,44 @@ def config_deployment(config: BenchConfig, base: dict, **overrides) -> Deploymen
                             prefill_attention_backend=config.prefill_attention_backend, **fields)
 
 
-def run_fresh(name: str, deployment: DeploymentConfig,
-              measure: Callable[[PDDeployment], tuple[dict, dict]]) -> tuple[dict | StartFailure, dict]:
+class BackgroundStops:
+    """Stops deployments in threads, so the next configuration starts while the last one shuts down
+    (SGLang takes ~5 s to drain and exit, idle on the CPU). Context manager: leaving it waits for every
+    stop and raises the first error one of them raised."""
+
+    def __init__(self):
+        self._threads: list[threading.Thread] = []
+        self._errors: list[BaseException] = []
+
+    def add(self, dep: PDDeployment) -> None:
+        def stop():
+            try:
+                dep.stop()
+            except BaseException as exc:  # re-raised by join()
+                self._errors.append(exc)
+        thread = threading.Thread(target=stop, name=f"stop-{dep.log_dir.name}")
+        thread.start()
+        self._threads.append(thread)
+
+    def join(self) -> None:
+        for thread in self._threads:
+            thread.join()
+        if self._errors:
+            raise self._errors[0]
+
+    def __enter__(self) -> "BackgroundStops":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.join()
+
+
+def run_fresh(name: str, deployment: DeploymentConfig, measure: Callable[[PDDeployment], tuple[dict, dict]],
+              stops: BackgroundStops | None = None) -> tuple[dict | StartFailure, dict]:
     """Start a fresh deployment, call `measure(dep)` -> (summary, outputs), then record in the summary
     whether the pair went idle and clean (`clean_after_run`), how long it took to start and the ports
-    moved meanwhile; stop it whatever happens. Returns (summary, outputs), or (StartFailure, {}) when a
-    server of the pair does not start."""
+    moved meanwhile; stop it whatever happens (in `stops` when given, else before returning). Returns
+    (summary, outputs), or (StartFailure, {}) when a server of the pair does not start."""
     t0 = time.perf_counter()
     dep = PDDeployment(deployment)
     try:
@@ -46,7 +79,10 @@ def run_fresh(name: str, deployment: DeploymentConfig,
                                    for s, f, old, new in dep.port_rebinds]
         return summary, outputs
     finally:
-        dep.stop()
+        if stops is None:
+            dep.stop()
+        else:
+            stops.add(dep)
 
 
 def clean_after_run(dep: PDDeployment, timeout_s: float = 60) -> dict:
