@@ -30,7 +30,9 @@ TEST_LOGS = f"{PREFIX}TEST_LOGS"
 MOONCAKE_MAX_BATCH_DESCRIPTORS = f"{PREFIX}MOONCAKE_MAX_BATCH_DESCRIPTORS"
 PEER_SECRET_FILE = f"{PREFIX}PEER_SECRET_FILE"
 PEER_AUTH_MAX_SKEW_S = f"{PREFIX}PEER_AUTH_MAX_SKEW_S"
+MAX_PEER_AUTH_SKEW_S = 120.0
 PEER_CURVE = f"{PREFIX}PEER_CURVE"
+ALLOW_UNAUTHENTICATED_REMOTE_PEERS = f"{PREFIX}ALLOW_UNAUTHENTICATED_REMOTE_PEERS"
 UNCLAIMED_ROOM_TTL_S = f"{PREFIX}UNCLAIMED_ROOM_TTL_S"
 IDLE_WAIT_US = f"{PREFIX}IDLE_WAIT_US"
 TRANSFER_WORKER_NICE = f"{PREFIX}TRANSFER_WORKER_NICE"
@@ -56,6 +58,19 @@ def _positive(unit: str, scale: float = 1.0) -> Callable[[str], float]:
         if not number > 0:
             raise ValueError(f"must be > 0 {unit}")
         return number * scale
+
+    return parse
+
+
+def _seconds_up_to(cap: float) -> Callable[[str], float]:
+    """A parser of a number of seconds in (0, cap]."""
+    positive = _positive("seconds")
+
+    def parse(value: str) -> float:
+        number = positive(value)
+        if number > cap:
+            raise ValueError(f"exceeds the cap of {cap:g} seconds")
+        return number
 
     return parse
 
@@ -103,7 +118,7 @@ def _folder(value: str) -> Path:
 
 
 def _secret_file(value: str) -> Path:
-    """A readable file of keys of >= 32 characters; the message names the path, never the content."""
+    """A private file of strong keys (secret_file.read_keys); the message names the path, never the content."""
     try:
         read_keys(value)
     except SecretFileError as exc:
@@ -156,10 +171,16 @@ SETTINGS: tuple[Setting, ...] = (
             "many (its TCP transport refuses a batch over its per-peer queue limit: ~2,048 here)", _whole),
     # Hostile peers (srt/auth/peer_auth.py, handshake/gate.py); README "Security model".
     Setting(PEER_SECRET_FILE, "peer_secret_file", None,
-            "path of a file holding the PD deployment's shared secret (one key per line, >= 32 characters; the "
-            "first signs, all verify: rotation). Every handshake message and bootstrap request is then "
+            "path of a file holding the PD deployment's shared secret (mode 600, owned by the server's user; one "
+            "key per line, each of >= 256 bits, e.g. `openssl rand -hex 32`; the first signs, all verify: rotation). Every handshake message and bootstrap request is then "
             "authenticated (HMAC-SHA256, timestamp + nonce). Same file on every PD server; unset: peers are "
-            "not authenticated (one warning at start-up)", _secret_file),
+            f"not authenticated and only this host may talk to the PD sockets (see {ALLOW_UNAUTHENTICATED_REMOTE_PEERS})",
+            _secret_file),
+    Setting(ALLOW_UNAUTHENTICATED_REMOTE_PEERS, "allow_unauthenticated_remote_peers", "0",
+            f"every PD server: 1 lets other hosts talk to the bootstrap routes and rank sockets without "
+            f"{PEER_SECRET_FILE} (upstream's behaviour; a warning at start-up and in /sglang_pd/info). 0 (default): "
+            "without a secret, messages from any source address but this host's own are refused unread, counted "
+            "and logged once per source", _flag),
     Setting(PEER_CURVE, "peer_curve", "0",
             f"1: the PD rank sockets speak ZMQ CURVE with a key pair derived from {PEER_SECRET_FILE} (required): a "
             "peer without the secret cannot send a single frame (libzmq buffers an unfinished multipart message "
@@ -167,8 +188,8 @@ SETTINGS: tuple[Setting, ...] = (
             "deployment must set it alike; the pair comes from the first key, so a key rotation needs all "
             "servers restarted together", _flag),
     Setting(PEER_AUTH_MAX_SKEW_S, "peer_auth_max_skew_s", "30",
-            "seconds a signed handshake message stays acceptable (clocks of PD servers must agree within it)",
-            _positive("seconds")),
+            "seconds a signed handshake message stays acceptable (clocks of PD servers must agree within it); at "
+            f"most {MAX_PEER_AUTH_SKEW_S:g}: a wider window is a longer replay window", _seconds_up_to(MAX_PEER_AUTH_SKEW_S)),
     Setting(UNCLAIMED_ROOM_TTL_S, "unclaimed_room_ttl_s", "120",
             "prefill: seconds a room's transfer infos are kept while no local request claims the room",
             _positive("seconds")),
@@ -217,6 +238,7 @@ class Settings:
     peer_secret_file: Path | None = None
     peer_auth_max_skew_s: float = 30.0
     peer_curve: bool = False
+    allow_unauthenticated_remote_peers: bool = False
     unclaimed_room_ttl_s: float = 120.0
     idle_wait_us: int = 500
     transfer_worker_nice: int = 19
@@ -264,6 +286,9 @@ def _conflicts(values: dict[str, Any], env: Mapping[str, str]) -> list[str]:
                         "staging requests on sockets sglang_pd does not sign")
     if values.get("peer_curve") and not values.get("peer_secret_file"):
         problems.append(f"{PEER_CURVE}=1 needs {PEER_SECRET_FILE}: the CURVE key pair is derived from the secret")
+    if values.get("peer_secret_file") and values.get("allow_unauthenticated_remote_peers"):
+        problems.append(f"{ALLOW_UNAUTHENTICATED_REMOTE_PEERS}=1 has no meaning with {PEER_SECRET_FILE}: with a secret "
+                        "every host may talk and the MAC decides; unset one of them")
     threshold = values.get("local_prefill_tokens", 0)
     step = values.get("local_prefill_step_tokens", Settings.local_prefill_step_tokens)
     if threshold > step:

@@ -39,7 +39,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import stat
 import sys
 import time
 from dataclasses import dataclass
@@ -48,6 +47,7 @@ from pathlib import Path
 import requests
 
 from sglang_pd import router_child
+from sglang_pd.secret_file import private_file_problem
 
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 POLICIES = {
@@ -80,12 +80,13 @@ def read_api_key(path: str | os.PathLike) -> str:
     (never the content) when it is missing, unreadable, malformed, or readable by group or others."""
     p = Path(path)
     try:
-        mode, text = p.stat().st_mode, p.read_text(encoding="utf-8")
+        with open(p, "rb") as f:
+            problem = private_file_problem(os.fstat(f.fileno()))
+            text = f.read().decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise PreflightError(f"--api-key-file {p}: cannot be read ({type(exc).__name__})") from None
-    if mode & (stat.S_IRWXG | stat.S_IRWXO):
-        raise PreflightError(f"--api-key-file {p}: readable by group or others (mode {stat.S_IMODE(mode):o}); "
-                             "chmod 600 it")
+    if problem is not None:
+        raise PreflightError(f"--api-key-file {p}: {problem}")
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     if len(lines) != 1 or any(c.isspace() for c in lines[0]):
         raise PreflightError(f"--api-key-file {p}: must hold exactly one key on one line, without spaces")

@@ -20,7 +20,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import sglang_pd
 from sglang_pd.config import PEER_SECRET_FILE, Settings, SettingsError
-from sglang_pd.srt.handshake import UNAUTHENTICATED_WARNING
+from sglang_pd.srt.handshake import start_up_line
 from sglang_pd.srt import state as process_state
 
 refused_reason: str | None = None  # why this process runs without the plugin (None: active or not loaded)
@@ -71,9 +71,7 @@ def register() -> None:
     state = process_state.build_state(kind, settings)
     process_state.install(state)
     if kind is process_state.ProcessKind.HTTP:
-        auth = state.peer_guard.auth
-        _log(f"WARNING: {UNAUTHENTICATED_WARNING}" if auth is None else
-             f"PD peers authenticated (HMAC-SHA256; key ids {', '.join(auth.key_ids)})")
+        _log(start_up_line(state.peer_guard))
     for spec in hooks_for(kind):
         HookRegistry.register(spec.target, spec.fn, HookType[spec.hook_type])
         state.applied_hooks.append(f"{spec.hook_type} {spec.target}")

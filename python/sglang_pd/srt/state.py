@@ -172,7 +172,7 @@ def build_state(kind: ProcessKind, settings: Settings) -> ProcessState:
         transfer_watch=TransferWatch(settings.nixl_stall_timeout_s, prefill_log, faults),
         shared_attention=SharedAttentionStats(counters),
         peer_guard=build_peer_guard(settings.peer_secret_file, settings.peer_auth_max_skew_s, settings.peer_curve,
-                                    settings.unclaimed_room_ttl_s),
+                                    settings.unclaimed_room_ttl_s, settings.allow_unauthenticated_remote_peers),
         idle_wait=IdleWait(settings.idle_wait_us / 1e6, counters),
         transfer_worker_priority=TransferWorkerPriority(settings.transfer_worker_nice, counters),
         helper_threads=HelperThreadPolicy(settings.helper_threads_batch, counters))

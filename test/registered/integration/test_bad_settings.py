@@ -1,6 +1,7 @@
 """A server started with a bad or unknown SGLANG_PD_* setting stops at once, naming it (no model load,
 no port opened): it must not serve without the guards its operator configured."""
 
+import secrets
 import subprocess
 import sys
 
@@ -13,8 +14,12 @@ from sglang_pd.models import ensure_model_dir
 pytestmark = pytest.mark.integration
 
 
-def test_server_refuses_to_start_on_a_bad_setting():
-    env = dict(server_env(), SGLANG_PD_NIXL_STALL_TIMEOUT_S="soon", SGLANG_PD_ITL_TARGET="40")
+def test_server_refuses_to_start_on_a_bad_setting(tmp_path):
+    shared_secret = tmp_path / "peer_secret"   # a good key in a file group and others may read
+    shared_secret.write_text(secrets.token_hex(32) + "\n")
+    shared_secret.chmod(0o644)
+    env = dict(server_env(), SGLANG_PD_NIXL_STALL_TIMEOUT_S="soon", SGLANG_PD_ITL_TARGET="40",
+               SGLANG_PD_PEER_SECRET_FILE=str(shared_secret), SGLANG_PD_PEER_AUTH_MAX_SKEW_S="3600")
     argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(ensure_model_dir("tiny")),
             "--load-format", "dummy", "--skip-tokenizer-init", "--host", "127.0.0.1", "--port", str(free_port()),
             "--disaggregation-mode", "decode", "--disaggregation-decode-enable-radix-cache"]
@@ -24,6 +29,9 @@ def test_server_refuses_to_start_on_a_bad_setting():
     assert len(lines) == 1, proc.stderr[-3000:]
     assert "SGLANG_PD_NIXL_STALL_TIMEOUT_S='soon' is not a number of seconds" in lines[0]
     assert "SGLANG_PD_ITL_TARGET is not a sglang_pd setting" in lines[0]
+    assert f"{shared_secret} is readable or writable by group or others (mode 644); chmod 600 it" in lines[0]
+    assert "SGLANG_PD_PEER_AUTH_MAX_SKEW_S='3600' exceeds the cap of 120 seconds" in lines[0]
+    assert shared_secret.read_text().strip() not in proc.stderr + proc.stdout
     assert "Uvicorn running" not in proc.stderr and "Load weight" not in proc.stderr
 
 

@@ -12,6 +12,8 @@ The control runs the same impostor against pd_page1, which has no secret: there 
 """
 
 import concurrent.futures as cf
+import http.client
+import json
 import random
 import time
 
@@ -125,8 +127,84 @@ def test_impostor_gets_nothing_and_the_pair_keeps_serving(name, request, plain_u
     dep.wait_clean()
 
 
+def _from_127_0_0_2(endpoint: str) -> str:
+    """`endpoint` (tcp://127.0.0.1:port) connected from source address 127.0.0.2: loopback, but not one of this
+    host's interface addresses, which is what the no-secret default admits (srt/auth/peer_sources.py)."""
+    return "tcp://127.0.0.2:0;" + endpoint[len("tcp://"):]
+
+
+def _bootstrap_call(dep: PDDeployment, source: str, method: str, path: str, body: dict | None = None):
+    conn = http.client.HTTPConnection("127.0.0.1", dep.bootstrap_port, timeout=10, source_address=(source, 0))
+    try:
+        conn.request(method, path, body=None if body is None else json.dumps(body),
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode()
+    finally:
+        conn.close()
+
+
+ROUTE_0 = "/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0"
+
+
+def test_without_the_secret_another_address_can_neither_register_nor_claim_nor_move_a_rank(pd_page1: PDDeployment,
+                                                                                           plain_url):
+    """The default (no SGLANG_PD_PEER_SECRET_FILE, no opt-out): the impostor of the control test below, now
+    sending from 127.0.0.2, is refused unread on the rank socket and with 403 on the bootstrap routes; a PUT
+    /route from this host that would move prefill's registered rank gets 409. The waiting room is then
+    served by the real pair."""
+    dep = pd_page1
+    assert not dep.env.get("SGLANG_PD_PEER_SECRET_FILE") and not dep.env.get("SGLANG_PD_ALLOW_UNAUTHENTICATED_REMOTE_PEERS")
+    impostor = _impostor(dep)
+    room = new_bootstrap_room(random.Random(6))
+    registered = _bootstrap_call(dep, "127.0.0.1", "GET", ROUTE_0)
+    assert registered[0] == 200, registered
+    rank = json.loads(registered[1])
+    hijack = {"attn_tp_size": 1, "attn_tp_rank": 0, "attn_cp_size": 1, "attn_cp_rank": 0, "attn_dp_size": 1,
+              "attn_dp_rank": 0, "pp_size": 1, "pp_rank": 0, "system_dp_size": 1, "system_dp_rank": 0,
+              "rank_ip": "127.0.0.1", "rank_port": impostor.identity.port, "page_size": dep.config.page_size,
+              "kv_cache_dtype": "auto"}
+    try:
+        with cf.ThreadPoolExecutor(1) as pool:
+            prefill_half = pool.submit(dep.post_generate, dep.prefill.url, _prompt(7), 8, 120, **dep.pairing(room))
+            _wait_for(lambda: room in _rooms(dep, dep.prefill, 1), f"room {room} never waited on prefill")
+            before = handshake_view(dep, dep.prefill)
+            with PeerSocket(_from_127_0_0_2(rank_endpoint(dep, dep.prefill))) as to_prefill:
+                to_prefill.send(impostor.registration())
+                to_prefill.send(impostor.claim(room))
+            status_away = _bootstrap_call(dep, "127.0.0.2", "PUT", "/route", hijack)
+            status_get_away = _bootstrap_call(dep, "127.0.0.2", "GET", ROUTE_0)
+            status_here = _bootstrap_call(dep, "127.0.0.1", "PUT", "/route", hijack)
+            view = wait_received(dep, dep.prefill, before["gate"]["num_received"] + 2)
+            time.sleep(2.0)  # a would-be transfer gets time to land before we look
+            assert view["gate"]["num_source_refused"] - before["gate"]["num_source_refused"] == 2, view["gate"]
+            assert view["gate"]["num_admitted"] == before["gate"]["num_admitted"]
+            assert view["sources"]["refused_by_source"].get("127.0.0.2", 0) >= 2, view["sources"]
+            assert impostor.identity.name not in view["rooms"]["registered_peers"]
+            assert room in _rooms(dep, dep.prefill, 1), "the impostor claimed the waiting room"
+            assert status_away[0] == 403 and "its own host only" in status_away[1], status_away
+            assert status_get_away[0] == 403, status_get_away
+            assert status_here[0] == 409 and f"is registered at {rank['rank_ip']}:{rank['rank_port']}" in status_here[1], \
+                status_here
+            assert json.loads(_bootstrap_call(dep, "127.0.0.1", "GET", ROUTE_0)[1]) == rank
+            decode_half = dep.post_generate(dep.decodes[0].url, _prompt(7), 8, 120, **dep.pairing(room))
+            assert decode_half.status_code == 200 and prefill_half.result(timeout=120).status_code == 200
+        assert decode_half.json()["output_ids"] == dep.generate(plain_url, _prompt(7), 8)["output_ids"]
+        assert impostor.bytes_received() == 0
+        http_guard = dep.get_json(dep.prefill.url, "/sglang_pd/stats", headers=dep.headers)["http_process"]["handshake"]
+        assert http_guard["http"]["route_moves_refused"].get("/route", 0) >= 1, http_guard
+        assert http_guard["sources"]["refused_by_source"].get("127.0.0.2", 0) >= 2, http_guard
+        print(f"REMOTE (no secret): rank socket refused {view['gate']['num_source_refused']} message(s) from "
+              f"127.0.0.2 unread, bootstrap PUT/GET from 127.0.0.2 -> {status_away[0]}/{status_get_away[0]}, "
+              f"PUT /route moving rank 0 from this host -> {status_here[0]}; impostor received 0 bytes")
+    finally:
+        impostor.close()
+    dep.wait_clean()
+
+
 def test_control_without_the_secret_the_impostor_takes_the_kv(pd_page1: PDDeployment):
-    """The same impostor against a pair without SGLANG_PD_PEER_SECRET_FILE (upstream's trust model)."""
+    """The same impostor against a pair without SGLANG_PD_PEER_SECRET_FILE, from this host (127.0.0.1): the
+    no-secret default admits this host's own processes, so upstream's trust model still holds for them."""
     dep = pd_page1
     assert not dep.env.get("SGLANG_PD_PEER_SECRET_FILE")
     impostor = _impostor(dep)

@@ -5,6 +5,7 @@ rows on `_setup_routes` and `requests.sessions.Session.request` applied through 
 as in a server process. An impostor speaks plain urllib (no hook) with no or a wrong tag.
 """
 
+import http.client
 import http.server
 import json
 import threading
@@ -19,7 +20,7 @@ from sglang_pd.harness.server import free_port
 from sglang_pd.srt.hooks.table import HOOK_TABLE
 from sglang_pd.srt.state import current
 from sglang_pd.srt.http.bootstrap_checks import route_put_problem
-from sglang_pd.srt.auth import HTTP_HEADER, PeerAuth
+from sglang_pd.srt.auth import HTTP_HEADER, PeerAuth, PeerSources
 from sglang_pd.srt.handshake.peer_defenses import HttpGuardCounts
 
 pytestmark = pytest.mark.unit
@@ -45,6 +46,7 @@ def server(hooks_applied, request):
     from sglang.srt.disaggregation.common.conn import CommonKVBootstrapServer
 
     current().peer_guard.auth = PeerAuth([KEY]) if request.param else None
+    current().peer_guard.sources = PeerSources(authenticated=bool(request.param), allow_remote=False)
     current().peer_guard.http = HttpGuardCounts()
     srv = CommonKVBootstrapServer("127.0.0.1", free_port())
     url = f"http://127.0.0.1:{srv.port}"
@@ -106,6 +108,51 @@ def test_with_auth_only_signed_requests_register_and_answers_are_verified(server
     assert got.status_code == 200 and got.json()["rank_ip"] == "127.0.0.1"
     refused = current().peer_guard.http.snapshot()["auth_refused"]
     assert [refused.get(k) for k in ("missing", "unknown_key", "bad_mac", "replayed")] == [1, 1, 1, 1]
+
+
+ROUTE_0 = "/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0"
+
+
+def _from_source(source: str, port: int, method: str, path: str, body: dict | None = None) -> tuple[int, str]:
+    """One request to 127.0.0.1:`port` sent from the address `source` (a stranger on 127.0.0.2: not this host's)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5, source_address=(source, 0))
+    try:
+        conn.request(method, path, body=None if body is None else json.dumps(body),
+                     headers={"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        return resp.status, resp.read().decode()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("server", [False], indirect=True)
+def test_without_auth_only_this_host_talks_and_a_registered_rank_stays_where_it_registered(server):
+    srv, url = server
+    assert requests.put(url + "/route", json=RANK, timeout=5).status_code == 200
+    assert requests.put(url + "/route", json=RANK, timeout=5).status_code == 200  # the same endpoint again: fine
+    moved = requests.put(url + "/route", json={**RANK, "rank_port": 40666}, timeout=5)
+    assert moved.status_code == 409 and "is registered at 127.0.0.1:40000" in moved.text, moved.text
+    assert requests.get(url + ROUTE_0, timeout=5).json()["rank_port"] == 40000
+    for method, path, body in (("PUT", "/route", {**RANK, "rank_port": 40666}), ("GET", ROUTE_0, None),
+                               ("POST", "/query_dp_ranks", {"bootstrap_rooms": [1]})):
+        status, text = _from_source("127.0.0.2", srv.port, method, path, body)
+        assert status == 403 and "its own host only" in text, (method, path, status, text)
+    assert _from_source("127.0.0.1", srv.port, "GET", ROUTE_0)[0] == 200
+    assert requests.get(url + ROUTE_0, timeout=5).json()["rank_port"] == 40000
+    assert current().peer_guard.http.snapshot()["route_moves_refused"] == {"/route": 1}
+    assert current().peer_guard.sources.snapshot()["refused_by_source"] == {"127.0.0.2": 3}
+
+
+@pytest.mark.parametrize("server", [True], indirect=True)
+def test_with_auth_a_signed_registration_may_move_a_rank_and_the_mac_decides_for_every_source(server):
+    srv, url = server
+    assert requests.put(url + "/route", json=RANK, timeout=5).status_code == 200          # signed by the hook
+    assert requests.put(url + "/route", json={**RANK, "rank_port": 40666}, timeout=5).status_code == 200
+    assert requests.get(url + ROUTE_0, timeout=5).json()["rank_port"] == 40666
+    status, text = _from_source("127.0.0.2", srv.port, "PUT", "/route", {**RANK, "rank_port": 40777})
+    assert status == 401, (status, text)                                                   # unsigned: the MAC says no
+    assert requests.get(url + ROUTE_0, timeout=5).json()["rank_port"] == 40666
+    assert current().peer_guard.sources.snapshot()["num_refused"] == 0
 
 
 class _FakeBootstrap(http.server.BaseHTTPRequestHandler):

@@ -1,5 +1,6 @@
 """Settings: declared once, validated once, bad values named; the plugin refuses to run with them."""
 
+import secrets
 import subprocess
 import sys
 
@@ -49,18 +50,23 @@ def _register(env: dict, before: str = "") -> subprocess.CompletedProcess:
 
 
 def test_peer_secret_refuses_start_when_unusable_and_never_shows_the_secret(tmp_path):
-    secret = "0123456789abcdef0123456789abcdef-the-real-secret"
+    secret = secrets.token_hex(32)
     good = tmp_path / "secret"
     good.write_text(secret + "\n")
+    good.chmod(0o600)
     short = tmp_path / "short"
     short.write_text("tiny-secret-value\n")
+    short.chmod(0o600)
+    shared = tmp_path / "shared"
+    shared.write_text(secret + "\n")
+    shared.chmod(0o644)
     cases = {str(tmp_path / "absent"): "does not exist", str(short): "shorter than 32 characters",
-             str(tmp_path): "cannot be read"}
+             str(tmp_path): "cannot be read", str(shared): "readable or writable by group or others (mode 644)"}
     for path, reason in cases.items():
         proc = _register({"SGLANG_PD_PEER_SECRET_FILE": path})
         assert proc.returncode != 0 and "ACTIVE" not in proc.stdout, proc.stdout
         assert f"refusing to start: bad setting: SGLANG_PD_PEER_SECRET_FILE={path!r} is unusable" in proc.stderr
-        assert reason in proc.stderr and "tiny-secret-value" not in proc.stderr
+        assert reason in proc.stderr and "tiny-secret-value" not in proc.stderr and secret not in proc.stderr
     proc = _register({"SGLANG_PD_PEER_SECRET_FILE": str(good)})
     assert "ACTIVE True" in proc.stdout, proc.stderr
     assert "PD peers authenticated (HMAC-SHA256; key ids" in proc.stderr and secret not in proc.stderr + proc.stdout
@@ -73,12 +79,32 @@ def test_without_the_secret_one_warning_and_with_it_an_inactive_plugin_stops_the
     warnings = [line for line in proc.stderr.splitlines() if "SGLANG_PD_PEER_SECRET_FILE is not set" in line]
     assert "ACTIVE True" in proc.stdout and len(warnings) == 1 and "NOT authenticated" in warnings[0]
     good = tmp_path / "secret"
-    good.write_text("k" * 40)
+    good.write_text(secrets.token_hex(32))
+    good.chmod(0o600)
     other_version = "p.installed_sglang_version = lambda: '0.0.1'; "
     proc = _register({}, before=other_version)
     assert "ACTIVE False" in proc.stdout and "plugin NOT active" in proc.stderr, "no secret: inactive, serving"
     proc = _register({"SGLANG_PD_PEER_SECRET_FILE": str(good)}, before=other_version)
     assert proc.returncode != 0 and "is set but the plugin cannot activate" in proc.stderr
+
+
+def test_the_remote_peer_opt_out_warns_and_cannot_be_combined_with_a_secret(tmp_path):
+    proc = _register({"SGLANG_PD_ALLOW_UNAUTHENTICATED_REMOTE_PEERS": "1"})
+    warnings = [line for line in proc.stderr.splitlines() if "SGLANG_PD_ALLOW_UNAUTHENTICATED_REMOTE_PEERS=1" in line]
+    assert "ACTIVE True" in proc.stdout and len(warnings) == 1 and "any process on any host" in warnings[0]
+    good = tmp_path / "secret"
+    good.write_text(secrets.token_hex(32))
+    good.chmod(0o600)
+    proc = _register({"SGLANG_PD_ALLOW_UNAUTHENTICATED_REMOTE_PEERS": "1", "SGLANG_PD_PEER_SECRET_FILE": str(good)})
+    assert proc.returncode != 0 and "has no meaning with SGLANG_PD_PEER_SECRET_FILE" in proc.stderr
+
+
+def test_the_auth_skew_window_is_capped():
+    assert Settings.from_env({"SGLANG_PD_PEER_AUTH_MAX_SKEW_S": "120"}).peer_auth_max_skew_s == 120.0
+    with pytest.raises(SettingsError, match="SGLANG_PD_PEER_AUTH_MAX_SKEW_S='121' exceeds the cap of 120 seconds"):
+        Settings.from_env({"SGLANG_PD_PEER_AUTH_MAX_SKEW_S": "121"})
+
+
 def test_one_settings_object_parsed_from_the_declarations():
     import dataclasses
 

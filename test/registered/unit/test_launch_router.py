@@ -206,7 +206,7 @@ def test_servers_behind_an_api_key_need_the_key_file(workers, tmp_path):
 
 
 @pytest.mark.parametrize("content, mode, message", [
-    ("k" * 32, 0o644, "readable by group or others (mode 644); chmod 600 it"),
+    ("k" * 32, 0o644, "readable or writable by group or others (mode 644); chmod 600 it"),
     ("", 0o600, "must hold exactly one key on one line, without spaces"),
     ("a b", 0o600, "must hold exactly one key on one line, without spaces"),
     ("one\ntwo", 0o600, "must hold exactly one key on one line, without spaces"),
@@ -276,7 +276,7 @@ def test_main_refuses_a_bad_api_key_file_before_starting_anything(tmp_path, caps
     path.chmod(0o640)
     assert lr.main(["--prefill", "http://127.0.0.1:9", "--decode", "http://127.0.0.1:9",
                     "--api-key-file", str(path)]) == 2
-    assert "readable by group or others" in capsys.readouterr().err
+    assert "readable or writable by group or others" in capsys.readouterr().err
 
 
 def test_router_child_reads_the_key_from_the_pipe_once():

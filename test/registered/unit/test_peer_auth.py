@@ -1,6 +1,8 @@
 """HMAC tags over handshake frames and bootstrap HTTP: what is accepted, what is refused and why."""
 
+import hashlib
 import os
+import secrets
 import subprocess
 import sys
 import time
@@ -13,8 +15,8 @@ from sglang_pd.secret_file import SecretFileError, read_keys
 
 pytestmark = pytest.mark.unit
 
-KEY_A = b"a" * 32 + b"-first-secret"
-KEY_B = b"b" * 40
+KEY_A = hashlib.sha256(b"first key").hexdigest().encode()   # 64 hex digits, as `openssl rand -hex 32` makes
+KEY_B = hashlib.sha256(b"second key").hexdigest().encode()
 FRAMES = [b"42", b"127.0.0.1", b"5000", b"127.0.0.1:16000", b"\x01\x00\x00\x00", b"3", b"", b"1", b"16", b""]
 
 
@@ -101,12 +103,18 @@ def test_http_request_and_answer_tags():
     assert client.verify_http_response(nonce, 200, b"{}", fake).failure is AuthFailure.UNKNOWN_KEY
 
 
+def _private(path, text: str, mode: int = 0o600):
+    path.write_text(text)
+    path.chmod(mode)
+    return path
+
+
 def test_secret_file_rules_and_the_secret_never_shows(tmp_path):
-    path = tmp_path / "secret"
-    path.write_text("# rotation: new key first\n" + KEY_B.decode() + "\n\n" + KEY_A.decode() + "\n")
-    assert read_keys(path) == [KEY_B, KEY_A]
+    new, old = secrets.token_hex(32).encode(), secrets.token_urlsafe(32).encode()  # 256 bits each
+    path = _private(tmp_path / "secret", "# rotation: new key first\n" + new.decode() + "\n\n" + old.decode() + "\n")
+    assert read_keys(path) == [new, old]
     auth = PeerAuth.from_file(path)
-    assert KEY_A.decode() not in repr(auth) and KEY_B.decode() not in repr(auth)
+    assert new.decode() not in repr(auth) and old.decode() not in repr(auth)
     path.write_text("too-short\n")
     with pytest.raises(SecretFileError, match="shorter than 32") as err:
         read_keys(path)
@@ -119,6 +127,44 @@ def test_secret_file_rules_and_the_secret_never_shows(tmp_path):
     with pytest.raises(SecretFileError, match="holds no key"):
         read_keys(path)
     assert os.path.exists(path)
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640, 0o604, 0o620, 0o602, 0o660])
+def test_a_secret_file_group_or_others_may_read_or_write_is_refused(tmp_path, mode):
+    key = secrets.token_hex(32)
+    path = _private(tmp_path / "secret", key + "\n", mode)
+    with pytest.raises(SecretFileError, match=f"readable or writable by group or others \\(mode {mode:o}\\); chmod 600") as err:
+        read_keys(path)
+    assert key not in str(err.value)
+    path.chmod(0o600)
+    assert read_keys(path) == [key.encode()]
+    path.chmod(0o400)
+    assert read_keys(path) == [key.encode()]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="giving a file to another user needs root")
+def test_a_secret_file_another_user_owns_is_refused(tmp_path):
+    path = _private(tmp_path / "secret", secrets.token_hex(32) + "\n")
+    os.chown(path, 65534, -1)
+    with pytest.raises(SecretFileError, match=f"owned by uid 65534, not by this server's user \\(uid {os.geteuid()}\\)"):
+        read_keys(path)
+
+
+@pytest.mark.parametrize("key, strong", [
+    (secrets.token_hex(32), True),              # openssl rand -hex 32: 64 hex digits, 256 bits
+    (secrets.token_urlsafe(32), True),          # 43 base64 characters
+    (secrets.token_hex(16), False),             # 32 hex digits: 128 bits
+    ("k" * 64, False),                          # one character repeated
+    ("a" * 32 + "-first-secret", False),        # padded: one character is most of it
+])
+def test_keys_need_256_bits_by_the_estimate(tmp_path, key, strong):
+    path = _private(tmp_path / "secret", key + "\n")
+    if strong:
+        assert read_keys(path) == [key.encode()]
+        return
+    with pytest.raises(SecretFileError, match="openssl rand -hex 32") as err:
+        read_keys(path)
+    assert key not in str(err.value)
 
 
 def test_process_start_time_reads_the_kernel_clock_of_that_process():
@@ -151,7 +197,7 @@ def test_a_message_signed_before_a_restart_is_refused_by_the_new_process(tmp_pat
     its previous process accepted. Here this test process plays the previous server, a fresh interpreter
     the restarted one."""
     secret = tmp_path / "secret"
-    secret.write_bytes(KEY_A + b"\n")
+    _private(secret, KEY_A.decode() + "\n")
     previous = PeerAuth.from_file(secret)
     msg = FRAMES + previous.sign_frames(FRAMES)
     assert previous.not_before <= time.time()

@@ -2,6 +2,7 @@
 key derivation, who can send to a rank socket, the PUSH sockets made afterwards, and what a stranger's
 unfinished multipart message costs the receiving process."""
 
+import hashlib
 import json
 import subprocess
 import sys
@@ -131,7 +132,8 @@ def test_curve_needs_the_secret_file(tmp_path):
     with pytest.raises(SettingsError, match=f"{PEER_CURVE}=1 needs {PEER_SECRET_FILE}"):
         Settings.from_env({PEER_CURVE: "1"})
     secret = tmp_path / "secret"
-    secret.write_bytes(KEY + b"\n")
+    secret.write_bytes(hashlib.sha256(KEY).hexdigest().encode() + b"\n")  # a key the secret file accepts
+    secret.chmod(0o600)
     assert Settings.from_env({PEER_CURVE: "1", PEER_SECRET_FILE: str(secret)}).peer_curve
 
 

@@ -5,6 +5,8 @@ What other packages use, exported here; README.md in this folder names each modu
 
 from sglang_pd.srt.auth.curve_keys import CurveKeys, derive_keys
 from sglang_pd.srt.auth.peer_auth import AuthFailure, HTTP_HEADER, HTTP_RESPONSE_HEADER, PeerAuth, TRAILER_FRAMES
+from sglang_pd.srt.auth.peer_sources import PeerSources
 
 __all__ = [
-    "AuthFailure", "CurveKeys", "HTTP_HEADER", "HTTP_RESPONSE_HEADER", "PeerAuth", "TRAILER_FRAMES", "derive_keys"]
+    "AuthFailure", "CurveKeys", "HTTP_HEADER", "HTTP_RESPONSE_HEADER", "PeerAuth", "PeerSources", "TRAILER_FRAMES",
+    "derive_keys"]

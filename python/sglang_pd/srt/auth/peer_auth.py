@@ -14,9 +14,9 @@ Replay: a message is accepted within `max_skew_s` of its timestamp, once (its no
 for twice that window); clocks of the PD servers must agree within `max_skew_s` (NTP). The nonce memory
 lives in one process, so a restarted server would accept once more what it accepted in the window
 before: `from_file` therefore refuses every message stamped before the receiving process started
-(`not_before`). No genuine message can be: a peer signs for a socket or route only after learning it,
-and this process creates them after it starts; messages still queued for the previous process are
-refused with it.
+(`not_before`), counted as `before_start`. That includes a genuine message in flight across the restart
+(sent to the previous process, or signed just before this one started): it is refused, never accepted,
+and its request fails as any refused handshake does. No message is accepted twice.
 
 Key rotation: the file holds one key per line; the first signs, every line verifies. Add the new
 key as a second line everywhere, then make it the first, then drop the old one (README).

@@ -2,6 +2,7 @@
 
 In -> out: raw frames from one peer -> the frames SGLang may parse (auth trailer removed), or None.
 Steps, in order:
+  0. source (no secret configured): only this host may send (`PeerSources`); anything else is dropped unread;
   1. authentication (when a secret is configured): missing, wrong, stale or replayed tags are refused
      and counted; nothing else happens (an impostor cannot fail a room by naming it);
   2. schema (`frames.check_message`, by the catalogue's entry for the message): every frame a reader
@@ -34,7 +35,7 @@ import logging
 import time
 from typing import Callable, NamedTuple
 
-from sglang_pd.srt.auth import TRAILER_FRAMES, PeerAuth
+from sglang_pd.srt.auth import TRAILER_FRAMES, PeerAuth, PeerSources
 from sglang_pd.srt.wire import (AUTH_TRAILER, MAX_FRAMES, POOL_BOUNDS, PROMPT_DIGEST, MessageKind,
                                                appended_frames, max_appended, side_appends)
 from sglang_pd.srt.wire import FrameError, FrameLimits, Side
@@ -71,8 +72,12 @@ class HandshakeGate:
                  on_count: Callable[[str, int], None] = lambda name, n: None, max_peers: int = 1024,
                  peer_idle_s: float = PEER_IDLE_S,
                  clock: Callable[[], float] = time.monotonic, capture: bool = False,
-                 digests: PromptDigests | None = None, failed_rooms: RoomTombstones | None = None):
+                 digests: PromptDigests | None = None, failed_rooms: RoomTombstones | None = None,
+                 sources: PeerSources | None = None):
+        """`sources`: who may send at all (step 0, `refuse_source`); None: every source (unit tests of the
+        later steps; the hook always passes the process's)."""
         self.limits, self.host, self.auth = limits, host, auth
+        self.sources = sources
         self.failed_rooms = failed_rooms  # prefill: rooms its own request failed and cleared (room_expiry.py)
         self.digests = digests  # prefill: prompt digests of admitted transfer infos (None: frame not expected)
         self.unclaimed, self.tombstones = unclaimed, tombstones
@@ -146,6 +151,16 @@ class HandshakeGate:
         self.tally.add("num_admitted")
         self.tally.capture(verdict.kind.value, msg)
         return body
+
+    def refuse_source(self, peer: str) -> bool:
+        """Step 0, before a message's frames are copied out of libzmq: True (counted, logged once per source,
+        dropped) when `peer` may not talk to this socket at all (`PeerSources`: no secret, not this host)."""
+        if self.sources is None or self.sources.admits(peer, f"{self.limits.side.value} rank socket"):
+            return False
+        self.tally.add("num_received")
+        self.tally.add("num_source_refused")
+        self._on_count("peer_source_refused_total", 1)
+        return True
 
     def refuse_unread(self, num_frames: int, peer: str) -> bool:
         """Before a message's frames are copied out of libzmq: True (counted, logged, dropped: no room can be

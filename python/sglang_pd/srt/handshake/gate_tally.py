@@ -46,6 +46,7 @@ class GateCounts:
     num_late_transfer_infos: int = 0  # prefill: transfer infos for a room its own request had failed
     num_unread: int = 0  # dropped before their frames were read: more frames than any PD message (also in rejected)
     num_out_of_pool: int = 0  # transfer infos naming an index beyond the registered pool (also in rejected)
+    num_source_refused: int = 0  # dropped unread: no secret, and the source is not this host (PeerSources)
 
 
 class GateTally:
@@ -116,7 +117,7 @@ class GateTally:
                 "num_rooms_failed": counts.num_rooms_failed, "num_unsigned_accepted": counts.num_unsigned_accepted,
                 "refused_after_admit": dict(counts.refused_after_admit),
                 "num_late_transfer_infos": counts.num_late_transfer_infos, "num_unread": counts.num_unread,
-                "num_out_of_pool": counts.num_out_of_pool,
+                "num_out_of_pool": counts.num_out_of_pool, "num_source_refused": counts.num_source_refused,
                 "peers": {p: {**e, "by_reason": dict(e["by_reason"])} for p, e in self._peers.items()},
             }
             if self.captured is not None:

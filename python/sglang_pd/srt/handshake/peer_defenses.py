@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from sglang_pd.srt.auth import CurveKeys, derive_keys
+from sglang_pd.srt.auth import CurveKeys, PeerSources, derive_keys
 from sglang_pd.srt.handshake.gate import HandshakeGate
 from sglang_pd.srt.auth import PeerAuth
 from sglang_pd.srt.wire import OutgoingDigests, PromptDigests
@@ -23,10 +23,13 @@ from sglang_pd.srt.threads import ThreadWatch
 logger = logging.getLogger(__name__)
 
 UNAUTHENTICATED_WARNING = (
-    "SGLANG_PD_PEER_SECRET_FILE is not set: PD peers are NOT authenticated. Any process that can reach this "
-    "server's bootstrap port or ZMQ rank socket can register as a prefill rank or decode peer, claim a waiting "
-    "request's KV (users' prompts) and mark transfers done. Set the same secret file on every PD server "
-    "(README: Security model)")
+    "SGLANG_PD_PEER_SECRET_FILE is not set: PD peers are NOT authenticated, so only this host may talk to this "
+    "server's bootstrap routes and rank sockets (other sources are refused unread). For PD servers on several "
+    "hosts set the same secret file on every one (docs/security.md)")
+REMOTE_UNAUTHENTICATED_WARNING = (
+    "SGLANG_PD_ALLOW_UNAUTHENTICATED_REMOTE_PEERS=1 and no SGLANG_PD_PEER_SECRET_FILE: any process on any host that "
+    "can reach this server's bootstrap port or rank socket can register as a prefill rank or decode peer, claim a "
+    "waiting request's KV (users' prompts), write KV into decode's pool and mark transfers done (docs/security.md)")
 
 
 def load_auth(secret_file: Path | None, max_skew_s: float) -> PeerAuth | None:
@@ -34,10 +37,22 @@ def load_auth(secret_file: Path | None, max_skew_s: float) -> PeerAuth | None:
     return None if secret_file is None else PeerAuth.from_file(secret_file, max_skew_s)
 
 
-def build_peer_guard(secret_file: Path | None, max_skew_s: float, curve: bool, room_ttl_s: float) -> PeerGuard:
-    """The guard of one process from its settings (Settings refused `curve` without a secret file)."""
+def build_peer_guard(secret_file: Path | None, max_skew_s: float, curve: bool, room_ttl_s: float,
+                     allow_remote: bool = False) -> PeerGuard:
+    """The guard of one process from its settings (Settings refused `curve` without a secret file, and
+    `allow_remote` with one)."""
     auth = load_auth(secret_file, max_skew_s)
-    return PeerGuard(auth=auth, curve=derive_keys(auth) if curve else None, room_ttl_s=room_ttl_s)
+    return PeerGuard(auth=auth, curve=derive_keys(auth) if curve else None, room_ttl_s=room_ttl_s,
+                     sources=PeerSources(authenticated=auth is not None, allow_remote=allow_remote))
+
+
+def start_up_line(guard: "PeerGuard") -> str:
+    """What the HTTP process logs at start-up about its peers."""
+    if guard.auth is not None:
+        return f"PD peers authenticated (HMAC-SHA256; key ids {', '.join(guard.auth.key_ids)})"
+    if guard.sources.allow_remote:
+        return f"WARNING: {REMOTE_UNAUTHENTICATED_WARNING}"
+    return f"WARNING: {UNAUTHENTICATED_WARNING}"
 
 
 @dataclass
@@ -46,6 +61,7 @@ class HttpGuardCounts:
 
     auth_refused: dict[str, int] = field(default_factory=dict)
     malformed: dict[str, int] = field(default_factory=dict)
+    route_moves_refused: dict[str, int] = field(default_factory=dict)
     peers_logged: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -63,7 +79,8 @@ class HttpGuardCounts:
     def snapshot(self) -> dict:
         """Read-only copy."""
         with self.lock:
-            return {"auth_refused": dict(self.auth_refused), "malformed": dict(self.malformed)}
+            return {"auth_refused": dict(self.auth_refused), "malformed": dict(self.malformed),
+                    "route_moves_refused": dict(self.route_moves_refused)}
 
 
 @dataclass
@@ -73,6 +90,7 @@ class PeerGuard:
     auth: PeerAuth | None = None
     curve: CurveKeys | None = None               # SGLANG_PD_PEER_CURVE=1: the rank sockets' key pair
     room_ttl_s: float = 120.0                   # SGLANG_PD_UNCLAIMED_ROOM_TTL_S
+    sources: PeerSources = field(default_factory=lambda: PeerSources(authenticated=False, allow_remote=False))
     gate: HandshakeGate | None = None
     watch: ThreadWatch | None = None
     tombstones: RoomTombstones | None = None     # prefill: rooms a rejected message failed before their request
@@ -106,6 +124,7 @@ class PeerGuard:
             "auth": "hmac-sha256" if self.auth else "off",
             "key_ids": self.auth.key_ids if self.auth else [],
             "curve": "on" if self.curve else "off",
+            "sources": self.sources.snapshot(),
             "endpoint": self.endpoint,
             "pool": self.pool,
             "gate": self.gate.snapshot() if self.gate else None,

@@ -147,7 +147,7 @@ class GuardedSocket(zmq.Socket):
         """The gate's checks that read no room state; a message with too many frames is dropped uncopied."""
         peer = _peer_address(frames)
         try:
-            if self.gate.refuse_unread(len(frames), peer):
+            if self.gate.refuse_source(peer) or self.gate.refuse_unread(len(frames), peer):
                 return None
             return self.gate.screen([f.bytes for f in frames], peer)
         except Exception:

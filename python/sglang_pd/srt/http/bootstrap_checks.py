@@ -13,7 +13,7 @@ Pure functions over plain values; nothing here imports SGLang.
 from __future__ import annotations
 
 import json
-from typing import Mapping
+from typing import Callable, Mapping
 
 from sglang_pd.srt.wire import fields as ff
 from sglang_pd.srt.wire import FrameError
@@ -78,6 +78,30 @@ def route_put_problem(body: bytes, registered_sizes: Mapping[str, int | None]) -
     except FrameError as exc:
         return f"PUT /route refused: {exc}"
     return None
+
+
+def rank_key(data: Mapping) -> tuple[int, int, int, int]:
+    """The slot a PUT /route body registers, as SGLang 0.5.23 keys its table: (dp group, cp rank, tp rank,
+    pp rank). `data` already passed `route_put_problem`."""
+    dp_group = data["attn_dp_rank"] if data["system_dp_size"] == 1 else data["system_dp_rank"]
+    return dp_group, data["attn_cp_rank"], data["attn_tp_rank"], data["pp_rank"]
+
+
+def route_move_problem(body: bytes, registered_at: Callable[[tuple[int, int, int, int]], tuple[str, int] | None]
+                       ) -> str | None:
+    """Why an (unauthenticated) PUT /route must not move a rank: the slot it names is already registered at
+    another endpoint (`registered_at`: slot -> (rank_ip, rank_port), None when free). The same endpoint
+    again is fine. Without a secret a rank's first registration stands for the bootstrap server's lifetime:
+    the server lives in prefill's own process, so a restarted prefill brings a new one."""
+    data = json.loads(body)
+    key = rank_key(data)
+    have = registered_at(key)
+    if have is None or (str(have[0]), int(have[1])) == (str(data["rank_ip"]), int(data["rank_port"])):
+        return None
+    return (f"PUT /route refused: rank (dp {key[0]}, cp {key[1]}, tp {key[2]}, pp {key[3]}) is registered at "
+            f"{have[0]}:{have[1]}; without SGLANG_PD_PEER_SECRET_FILE a rank's first registration stands until "
+            f"this prefill server restarts (a stranger's PUT could otherwise move it to {data['rank_ip']}:"
+            f"{data['rank_port']})")
 
 
 def route_get_problem(query: Mapping[str, str]) -> str | None:

@@ -105,6 +105,12 @@ METRICS: dict[str, tuple[str, str]] = {
     "peer_auth_refused_total": ("counter", "PD handshake messages / bootstrap requests or answers refused for a "
                                            "missing, wrong, stale or replayed auth tag, or one stamped before the "
                                            "process started"),
+    "peer_source_refused_total": ("counter", "PD handshake messages / bootstrap requests refused unread because no "
+                                             "peer secret is configured and their source address is not this host's "
+                                             "(SGLANG_PD_ALLOW_UNAUTHENTICATED_REMOTE_PEERS)"),
+    "bootstrap_route_moves_refused_total": ("counter", "PUT /route refused (409): without a peer secret, a prefill "
+                                                       "rank's first registration stands for the bootstrap server's "
+                                                       "lifetime"),
     "handshake_rooms_failed_total": ("counter", "rooms failed because a rejected message named them"),
     "handshake_peers_forgotten_total": ("counter", "peer registrations forgotten to make room for a new peer in a "
                                                    "full registration table (unused longest, no room naming them)"),

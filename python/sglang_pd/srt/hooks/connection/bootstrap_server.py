@@ -14,7 +14,12 @@ def after_setup_routes(result, server):
         return {"attn_tp_size": server.attn_tp_size, "attn_cp_size": server.attn_cp_size,
                 "pp_size": server.pp_size, "dp_size": server.dp_size}
 
-    server.app.middlewares.append(bootstrap_middleware(current().peer_guard, sizes, _count_http))
+    def registered_at(slot):
+        dp_group, cp_rank, tp_rank, pp_rank = slot
+        info = server.prefill_port_table.get(dp_group, {}).get(cp_rank, {}).get(tp_rank, {}).get(pp_rank)
+        return None if info is None else (info.rank_ip, info.rank_port)
+
+    server.app.middlewares.append(bootstrap_middleware(current().peer_guard, sizes, _count_http, registered_at))
     return result
 
 

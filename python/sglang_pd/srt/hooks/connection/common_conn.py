@@ -73,7 +73,7 @@ def _install(mgr, limits: FrameLimits, before) -> None:
     guard.digests = PromptDigests() if prefill else None
     guard.gate = HandshakeGate(limits, host, guard.auth, UnclaimedRooms(ttl) if prefill else None,
                                guard.tombstones, on_count=state.counters.add, capture=state.settings.fault_injection,
-                               digests=guard.digests, failed_rooms=guard.failed_rooms)
+                               digests=guard.digests, failed_rooms=guard.failed_rooms, sources=guard.sources)
     hold = prefill and reader_comes_straight_back(mgr, limits)
     mgr.server_socket = GuardedSocket.around(mgr.server_socket, guard.gate, on_error=_count_gate_error,
                                              before_admit=_injected_reader_exit, hold=hold)

@@ -61,6 +61,7 @@ async def info() -> dict:
         "model_path": str(_server_args().model_path),
         "page_size": int(_server_args().page_size or 1),
         "transfer_backend": str(_server_args().disaggregation_transfer_backend),
+        "peers": current().peer_guard.sources.mode,   # this-host | authenticated | unauthenticated-remote
         "http_hooks": current().patched_hooks(),
         "scheduler_hooks": [s.get("applied_hooks", []) for s in schedulers],
     }
