@@ -31,7 +31,7 @@ from sglang_pd.srt.wire import FrameLimits, Side
 from sglang_pd.srt.wire import check_message
 from sglang_pd.srt.handshake import HandshakeGate
 from sglang_pd.srt.handshake import PeerRecord, PeerRemoval
-from sglang_pd.srt.auth import PeerAuth
+from sglang_pd.srt.auth import PeerAuth, receiver_name
 from sglang_pd.srt.state import ProcessKind, build_state, current, install, installed
 
 PEER = PeerIdentity("127.0.0.1", 40001, "127.0.0.1:16001")
@@ -92,10 +92,11 @@ def bench_zmq(frames: list[bytes], side: Side, auth: PeerAuth | None, num: int, 
     ctx = zmq.Context()
     raw_pull, raw_push = ctx.socket(zmq.PULL), ctx.socket(zmq.PUSH)
     port = raw_pull.bind_to_random_port("tcp://127.0.0.1")
-    raw_push.connect(f"tcp://127.0.0.1:{port}")
-    gate = HandshakeGate(limits, _Tables(), auth, None, None)
+    endpoint = f"tcp://127.0.0.1:{port}"
+    raw_push.connect(endpoint)
+    gate = HandshakeGate(limits, _Tables(), auth, None, None, receiver=receiver_name(endpoint))
     pull = GuardedSocket.around(raw_pull, gate, on_error=_gate_failed)
-    push = SigningSocket.around(raw_push, auth) if auth else raw_push
+    push = SigningSocket.around(raw_push, auth, endpoint) if auth else raw_push
     lat = []
     for i in range(num + 200):
         t0 = time.perf_counter()
@@ -114,13 +115,14 @@ def bench_primitives(frames: list[bytes], side: Side, num: int, page_size: int) 
     """Microseconds per call of sign, verify and the frame check alone."""
     auth = PeerAuth([KEY])
     limits = FrameLimits("mooncake", side, page_size, 4096, 4 << 20, aux_item_lens=(64,), aux_slots=(64,))
-    signed = [frames + auth.sign_frames(frames) for _ in range(num)]
+    receiver = b"127.0.0.1:5757"
+    signed = [frames + auth.sign_frames(frames, receiver) for _ in range(num)]
     t0 = time.perf_counter()
     for _ in range(num):
-        auth.sign_frames(frames)
+        auth.sign_frames(frames, receiver)
     t1 = time.perf_counter()
     for msg in signed:
-        auth.verify_frames(msg)
+        auth.verify_frames(msg, receiver)
     t2 = time.perf_counter()
     for _ in range(num):
         check_message(frames, limits)

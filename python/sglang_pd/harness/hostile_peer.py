@@ -18,7 +18,7 @@ import numpy as np
 import zmq
 
 from sglang_pd.srt.wire import NIXL_GUARD
-from sglang_pd.srt.auth import PeerAuth
+from sglang_pd.srt.auth import PeerAuth, receiver_name
 
 
 def _ascii(value) -> bytes:
@@ -145,11 +145,14 @@ class PeerSocket:
         self._sock.setsockopt(zmq.LINGER, linger_ms)
         self._sock.setsockopt(zmq.SNDHWM, 0)
         self._sock.connect(endpoint)
+        self.endpoint = endpoint
 
-    def send(self, frames: list[bytes], auth: PeerAuth | None = None) -> None:
-        """Push `frames` (with `auth`'s trailer when given); an empty list is sent as one empty frame."""
+    def send(self, frames: list[bytes], auth: PeerAuth | None = None, receiver: str | None = None) -> None:
+        """Push `frames` (with `auth`'s trailer when given, signed for `receiver`: by default the endpoint this
+        socket is connected to); an empty list is sent as one empty frame."""
         frames = list(frames) or [b""]
-        self._sock.send_multipart(frames + (auth.sign_frames(frames) if auth else []))
+        signed_for = receiver_name(receiver or self.endpoint)
+        self._sock.send_multipart(frames + (auth.sign_frames(frames, signed_for) if auth else []))
 
     def send_raw(self, frames: list[bytes]) -> None:
         """Push exactly `frames` (a replay of captured bytes)."""

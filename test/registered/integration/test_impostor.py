@@ -24,7 +24,7 @@ from sglang_pd.harness.deployment_requests import new_bootstrap_room
 from sglang_pd.harness.hostile_peer import (PeerSocket, Templates, TransferPeer, assert_threads_alive,
                                             captured_frames, handshake_view, rank_endpoint, wait_received)
 from sglang_pd.models import VOCAB_SIZE
-from sglang_pd.srt.auth import PeerAuth
+from sglang_pd.srt.auth import HTTP_HEADER, PeerAuth
 from sglang_pd.srt.wire import DeclineNotice, decline_frames
 
 pytestmark = pytest.mark.integration
@@ -133,11 +133,16 @@ def _from_127_0_0_2(endpoint: str) -> str:
     return "tcp://127.0.0.2:0;" + endpoint[len("tcp://"):]
 
 
-def _bootstrap_call(dep: PDDeployment, source: str, method: str, path: str, body: dict | None = None):
+def _bootstrap_call(dep: PDDeployment, source: str, method: str, path: str, body: dict | None = None,
+                    auth: PeerAuth | None = None, header: str | None = None):
+    """One bootstrap request from address `source`; signed for this server with `auth`, or carrying `header`."""
+    data = None if body is None else json.dumps(body).encode()
+    if auth is not None:
+        header = auth.sign_http_request(method, path, data or b"", f"127.0.0.1:{dep.bootstrap_port}")[0]
     conn = http.client.HTTPConnection("127.0.0.1", dep.bootstrap_port, timeout=10, source_address=(source, 0))
     try:
-        conn.request(method, path, body=None if body is None else json.dumps(body),
-                     headers={"Content-Type": "application/json"})
+        conn.request(method, path, body=data, headers={"Content-Type": "application/json",
+                                                       **({HTTP_HEADER: header} if header else {})})
         resp = conn.getresponse()
         return resp.status, resp.read().decode()
     finally:
@@ -200,6 +205,34 @@ def test_without_the_secret_another_address_can_neither_register_nor_claim_nor_m
     finally:
         impostor.close()
     dep.wait_clean()
+
+
+def test_a_signed_message_replayed_to_another_server_is_refused(pd_page16: PDDeployment):
+    """Messages name their receiver (srt/auth/peer_auth.py): decode's real signed transfer info, captured on
+    prefill's rank socket, replayed byte for byte to decode's own rank socket (same deployment, same secret,
+    another receiver) fails its MAC there; a bootstrap request signed with the real secret for another
+    server is refused by this one (wrong_receiver). Without the binding the first would pass authentication
+    and be dropped only by the schema, the second would register."""
+    dep = pd_page16
+    dep.generate_pd(_prompt(8), 8)
+    captured = captured_frames(handshake_view(dep, dep.prefill))["transfer_info"]
+    before = handshake_view(dep, dep.decodes[0])["gate"]
+    with PeerSocket(rank_endpoint(dep, dep.decodes[0])) as to_decode:
+        to_decode.send_raw(captured)
+    after = wait_received(dep, dep.decodes[0], before["num_received"] + 1)["gate"]
+    assert after["auth_refused"].get("bad_mac", 0) == before["auth_refused"].get("bad_mac", 0) + 1, after
+    assert after["rejected"] == before["rejected"] and after["num_admitted"] == before["num_admitted"]
+    real = PeerAuth.from_file(dep.env["SGLANG_PD_PEER_SECRET_FILE"])
+    here = _bootstrap_call(dep, "127.0.0.1", "GET", ROUTE_0, auth=real)  # signed for this server: answered
+    assert here[0] == 200 and "rank_port" in here[1], here
+    for receiver in (f"127.0.0.1:{dep.bootstrap_port + 1}", f"10.9.9.9:{dep.bootstrap_port}"):
+        header, _ = real.sign_http_request("GET", ROUTE_0, b"", receiver)
+        status, text = _bootstrap_call(dep, "127.0.0.1", "GET", ROUTE_0, header=header)
+        assert status == 401 and "wrong_receiver" in text, (receiver, status, text)
+    dep.generate_pd(_prompt(9), 8)  # the pair still serves
+    print(f"REPLAY TO ANOTHER RECEIVER: decode refused prefill's captured transfer info (bad_mac "
+          f"{before['auth_refused'].get('bad_mac', 0)} -> {after['auth_refused']['bad_mac']}); bootstrap GETs signed "
+          f"for 2 other servers -> 401 wrong_receiver")
 
 
 def test_control_without_the_secret_the_impostor_takes_the_kv(pd_page1: PDDeployment):

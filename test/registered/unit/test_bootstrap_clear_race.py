@@ -277,7 +277,7 @@ def test_closing_a_guarded_socket_closes_its_owner():
     sock.close(linger=0)
     assert raw._closed  # the owner's own flag (pyzmq's `closed` would probe the freed handle instead)
     push = ctx.socket(zmq.PUSH)  # decode's signing PUSH sockets: SGLang closes its socket cache the same way
-    signing = SigningSocket.around(push, PeerAuth([b"k" * 40]))
+    signing = SigningSocket.around(push, PeerAuth([b"k" * 40]), "tcp://127.0.0.1:5000")
     assert not push.closed
     signing.close(linger=0)
     assert push._closed

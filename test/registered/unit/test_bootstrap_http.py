@@ -19,7 +19,7 @@ import requests
 from sglang_pd.harness.server import free_port
 from sglang_pd.srt.hooks.table import HOOK_TABLE
 from sglang_pd.srt.state import current
-from sglang_pd.srt.http.bootstrap_checks import route_put_problem
+from sglang_pd.srt.http.bootstrap_checks import names_this_server, route_put_problem
 from sglang_pd.srt.auth import HTTP_HEADER, PeerAuth, PeerSources
 from sglang_pd.srt.handshake.peer_defenses import HttpGuardCounts
 
@@ -93,10 +93,14 @@ def test_with_auth_only_signed_requests_register_and_answers_are_verified(server
     srv, url = server
     body = json.dumps({**RANK, "rank_ip": "6.6.6.6"}).encode()
     assert _urllib("PUT", url + "/route", body)[0] == 401                                   # no tag
-    forged, _ = PeerAuth([b"w" * 40]).sign_http_request("PUT", "/route", body)
+    me = f"127.0.0.1:{srv.port}"
+    forged, _ = PeerAuth([b"w" * 40]).sign_http_request("PUT", "/route", body, me)
     assert _urllib("PUT", url + "/route", body, forged)[0] == 401                            # wrong secret
     good = json.dumps(RANK).encode()
-    signed, _ = PeerAuth([KEY]).sign_http_request("PUT", "/route", good)
+    for elsewhere in (f"127.0.0.1:{srv.port + 1}", f"10.9.9.9:{srv.port}"):                # signed for another server
+        other, _ = PeerAuth([KEY]).sign_http_request("PUT", "/route", good, elsewhere)
+        assert _urllib("PUT", url + "/route", good, other)[0] == 401
+    signed, _ = PeerAuth([KEY]).sign_http_request("PUT", "/route", good, me)
     assert _urllib("PUT", url + "/route", body, signed)[0] == 401                            # body changed
     assert srv._registered_count == 0
     assert _urllib("PUT", url + "/route", good, signed)[0] == 200                            # the real rank
@@ -107,7 +111,7 @@ def test_with_auth_only_signed_requests_register_and_answers_are_verified(server
                        timeout=5)
     assert got.status_code == 200 and got.json()["rank_ip"] == "127.0.0.1"
     refused = current().peer_guard.http.snapshot()["auth_refused"]
-    assert [refused.get(k) for k in ("missing", "unknown_key", "bad_mac", "replayed")] == [1, 1, 1, 1]
+    assert [refused.get(k) for k in ("missing", "unknown_key", "bad_mac", "replayed", "wrong_receiver")] == [1, 1, 1, 1, 2]
 
 
 ROUTE_0 = "/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0"
@@ -190,3 +194,11 @@ def test_route_put_rules():
     assert "not JSON" in route_put_problem(b"\xff", {})
     assert "rank_ip" in route_put_problem(json.dumps({**RANK, "rank_ip": "a b"}).encode(), {})
     assert "rank_port 0" in route_put_problem(json.dumps({**RANK, "rank_port": 0}).encode(), {})
+
+
+def test_a_signed_request_must_name_this_server():
+    names = frozenset({"127.0.0.1", "::1", "10.1.2.3", "localhost", "box"})
+    for receiver in ("127.0.0.1:8998", "localhost:8998", "BOX:8998", "[::1]:8998", "10.1.2.3:8998"):
+        assert names_this_server(receiver, 8998, names), receiver
+    for receiver in ("127.0.0.1:8999", "10.9.9.9:8998", "127.0.0.2:8998", "8998", "box:", ":8998"):
+        assert not names_this_server(receiver, 8998, names), receiver

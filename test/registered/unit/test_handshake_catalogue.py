@@ -134,7 +134,7 @@ def test_the_catalogue_is_well_formed():
             for frame in spec.frames + spec.appended:
                 importlib.import_module(frame.module)
     auth = PeerAuth([b"k" * 40])
-    assert len(cat.AUTH_TRAILER) == TRAILER_FRAMES == len(auth.sign_frames([b"x"]))
+    assert len(cat.AUTH_TRAILER) == TRAILER_FRAMES == len(auth.sign_frames([b"x"], b"127.0.0.1:5000"))
     for frame in cat.AUTH_TRAILER:
         importlib.import_module(frame.module)
     assert MAX_MESSAGE_FRAMES == cat.MAX_FRAMES + TRAILER_FRAMES + 1  # the unread cap: 38 frames, as before

@@ -21,6 +21,7 @@ pytestmark = pytest.mark.unit
 
 PEER = PeerIdentity("127.0.0.1", 40001, "127.0.0.1:16001")
 KEY = b"k" * 40
+RECV = b"127.0.0.1:5000"   # the rank socket a gate stands for: signed messages are bound to it
 T = Templates("mooncake", PEER)
 
 
@@ -74,6 +75,7 @@ class Host:
 
 def gate(host, auth=None, side=Side.PREFILL, clock=None, **kw):
     clock = clock or Clock()
+    kw.setdefault("receiver", RECV)
     lim = FrameLimits("mooncake", side, 16, 64, 1 << 20, aux_item_lens=(32,), aux_slots=(8,))
     return HandshakeGate(lim, host, auth, UnclaimedRooms(10, clock=clock), RoomTombstones(10, clock=clock),
                          clock=clock, **kw)
@@ -140,11 +142,11 @@ def test_with_auth_unsigned_and_impostor_messages_change_nothing():
     g = gate(host, auth=PeerAuth([KEY]))
     msg = T.transfer_info(11, [1])
     assert g.admit(msg, "6.6.6.6") is None
-    assert g.admit(msg + PeerAuth([b"x" * 40]).sign_frames(msg), "6.6.6.6") is None
+    assert g.admit(msg + PeerAuth([b"x" * 40]).sign_frames(msg, RECV), "6.6.6.6") is None
     bad = T.transfer_info(11, [1], decode_prefix_len=-3)
     assert g.admit(bad, "6.6.6.6") is None
     assert host.failed == [] and g.counts.auth_refused == {"missing": 2, "unknown_key": 1}
-    signed = msg + PeerAuth([KEY]).sign_frames(msg)
+    signed = msg + PeerAuth([KEY]).sign_frames(msg, RECV)
     assert g.admit(signed, "10.0.0.9") == msg
     assert g.admit(signed, "10.0.0.9") is None and g.counts.auth_refused["replayed"] == 1
 
@@ -159,9 +161,9 @@ def test_with_auth_a_room_decline_must_be_signed():
     g = gate(host, auth=PeerAuth([KEY]))
     decline = decline_frames(DeclineNotice(12, None, "served by decode"), PEER.ip, PEER.port)
     assert g.admit(decline, "6.6.6.6") is None
-    assert g.admit(decline + PeerAuth([b"x" * 40]).sign_frames(decline), "6.6.6.6") is None
+    assert g.admit(decline + PeerAuth([b"x" * 40]).sign_frames(decline, RECV), "6.6.6.6") is None
     assert host.failed == [] and g.counts.auth_refused == {"missing": 1, "unknown_key": 1}
-    assert g.admit(decline + PeerAuth([KEY]).sign_frames(decline), "10.0.0.9") == decline
+    assert g.admit(decline + PeerAuth([KEY]).sign_frames(decline, RECV), "10.0.0.9") == decline
     assert g.counts.num_admitted == 1 and g.counts.rejected == {}
     assert gate(host).admit(decline, "10.0.0.9") == decline, "without a secret: admitted as upstream's ABORT is"
 
@@ -224,10 +226,11 @@ def _bound_socket_and_registered_peer():
 def test_guarded_socket_returns_only_admitted_frames_and_works_with_pollers():
     ctx, raw, port, host, auth = _bound_socket_and_registered_peer()
     errors = []
-    sock = GuardedSocket.around(raw, gate(host, auth=auth), on_error=errors.append, housekeeping_s=0.05)
+    sock = GuardedSocket.around(raw, gate(host, auth=auth, receiver=f"127.0.0.1:{port}".encode()),
+                                on_error=errors.append, housekeeping_s=0.05)
     push = ctx.socket(zmq.PUSH)
     push.connect(f"tcp://127.0.0.1:{port}")
-    signer = SigningSocket.around(push, auth)
+    signer = SigningSocket.around(push, auth, f"tcp://127.0.0.1:{port}")
     with PeerSocket(f"tcp://127.0.0.1:{port}") as hostile:
         hostile.send([b"WATERMARK"])
         hostile.send([b"\xff"] * 3, auth=auth)
@@ -566,7 +569,7 @@ def test_a_message_is_screened_before_the_reader_takes_its_hold():
     from sglang_pd.srt.handshake import Between
 
     ctx, raw, port, host, auth = _bound_socket_and_registered_peer()
-    g = gate(host, auth=auth)
+    g = gate(host, auth=auth, receiver=f"127.0.0.1:{port}".encode())
     screening, go = threading.Event(), threading.Event()
     screen = g.screen
 
@@ -585,7 +588,7 @@ def test_a_message_is_screened_before_the_reader_takes_its_hold():
         handled.wait(5)
 
     reader = threading.Thread(target=read_one, daemon=True)
-    push = SigningSocket.around(ctx.socket(zmq.PUSH), auth)
+    push = SigningSocket.around(ctx.socket(zmq.PUSH), auth, f"tcp://127.0.0.1:{port}")
     push.connect(f"tcp://127.0.0.1:{port}")
     try:
         push.send_multipart([b"x"] * 40)  # 40 frames: dropped unread

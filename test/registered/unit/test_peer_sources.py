@@ -9,7 +9,7 @@ import zmq
 
 from sglang_pd.harness.hostile_peer import PeerIdentity, Templates
 from sglang_pd.srt.auth import PeerSources
-from sglang_pd.srt.auth.peer_sources import MAX_SOURCES, OTHER_SOURCES, host_addresses, normalize
+from sglang_pd.srt.auth.peer_sources import MAX_SOURCES, OTHER_SOURCES, host_addresses, normalize_address
 from sglang_pd.srt.handshake import GuardedSocket, HandshakeGate, PeerRecord, RoomTombstones, UnclaimedRooms
 from sglang_pd.srt.wire import FrameLimits, Side
 
@@ -20,9 +20,9 @@ T = Templates("mooncake", PeerIdentity("127.0.0.1", 40001, "127.0.0.1:16001"))
 
 
 def test_spellings_of_one_address_are_one():
-    assert normalize("::ffff:127.0.0.1") == "127.0.0.1"
-    assert normalize("[::1]") == "::1" and normalize("fe80::1%eth0") == "fe80::1"
-    assert normalize("unknown") == "unknown"
+    assert normalize_address("::ffff:127.0.0.1") == "127.0.0.1"
+    assert normalize_address("[::1]") == "::1" and normalize_address("fe80::1%eth0") == "fe80::1"
+    assert normalize_address("unknown") == "unknown"
 
 
 def test_this_host_is_its_interface_addresses_not_all_of_127_8():

@@ -3,12 +3,16 @@
 Every PD server of a deployment reads the same secret file (SGLANG_PD_PEER_SECRET_FILE). A ZMQ
 handshake message carries a 5-frame trailer after its own frames:
 
-    [b"SGLPD-AUTH/1", key id (16 hex), timestamp (ms, ASCII), nonce (16 random bytes), mac (32 bytes)]
+    [b"SGLPD-AUTH/2", key id (16 hex), timestamp (ms, ASCII), nonce (16 random bytes), mac (32 bytes)]
 
-mac = HMAC-SHA256(key, label | key id | timestamp | nonce | each frame as 8-byte length + bytes), so
-a frame cannot be moved across a boundary, added, dropped or edited. A bootstrap HTTP request carries
-the same fields in one header over method, path with query and body; the bootstrap server's answer
-is tagged over the request's nonce, its status and body, so a forged or replayed answer is refused.
+mac = HMAC-SHA256(key, label | key id | timestamp | nonce | receiver | each frame as 8-byte length + bytes),
+so a frame cannot be moved across a boundary, added, dropped or edited. The receiver is the rank socket
+the message was sent to, `host:port` as the sender knows it (the endpoint that socket's owner advertised;
+`receiver_name`); it is not sent: the receiver verifies with its own, so a message replayed to another
+rank or server fails its MAC. A bootstrap HTTP request carries the same fields in one header over
+method, path with query, body and `to` (the bootstrap server's `host:port` in the sender's URL), which
+the server checks names itself (WRONG_RECEIVER); its answer is tagged over the request's nonce, its
+status and body, so a forged or replayed answer is refused.
 
 Replay: a message is accepted within `max_skew_s` of its timestamp, once (its nonce is remembered
 for twice that window); clocks of the PD servers must agree within `max_skew_s` (NTP). The nonce memory
@@ -38,13 +42,13 @@ from typing import Callable, NamedTuple
 
 from sglang_pd.secret_file import MIN_KEY_CHARS, SecretFileError, read_keys
 
-MAGIC = b"SGLPD-AUTH/1"
+MAGIC = b"SGLPD-AUTH/2"
 TRAILER_FRAMES = 5
 HTTP_HEADER = "X-SGLang-PD-Auth"
 HTTP_RESPONSE_HEADER = "X-SGLang-PD-Auth-Response"
 DEFAULT_MAX_SKEW_S = 30.0
-_LABEL_ZMQ = b"sglang_pd/zmq/1\0"
-_LABEL_HTTP_REQ = b"sglang_pd/http-request/1\0"
+_LABEL_ZMQ = b"sglang_pd/zmq/2\0"
+_LABEL_HTTP_REQ = b"sglang_pd/http-request/2\0"
 _LABEL_HTTP_RESP = b"sglang_pd/http-response/1\0"
 
 
@@ -59,6 +63,7 @@ class AuthFailure(str, enum.Enum):
     REPLAYED = "replayed"        # nonce already seen inside the window
     OVERLOADED = "overloaded"    # replay memory full (more signed messages than it can hold)
     BEFORE_START = "before_start"  # stamped before this process started (a replay across a restart)
+    WRONG_RECEIVER = "wrong_receiver"  # HTTP: signed for another server (`to` is not this one)
 
 
 class AuthVerdict(NamedTuple):
@@ -67,6 +72,15 @@ class AuthVerdict(NamedTuple):
     failure: AuthFailure | None
     frames: list[bytes] | None = None
     nonce: str | None = None
+
+
+def receiver_name(endpoint: str) -> bytes:
+    """`host:port` of a ZMQ endpoint (`tcp://host:port`, `tcp://[v6]:port`, or a `source;host:port` connect
+    string), the name a signed message is bound to."""
+    target = endpoint.rsplit(";", 1)[-1]
+    if "://" in target:
+        target = target.split("://", 1)[1]
+    return target.encode()
 
 
 def key_id(key: bytes) -> bytes:
@@ -152,22 +166,25 @@ class PeerAuth:
         return hmac.new(self._keys[self._signing_id], b"sglang_pd derive\0" + label, hashlib.sha256).digest()
 
     # ---- ZMQ ------------------------------------------------------------------------------------------
-    def sign_frames(self, frames: list[bytes]) -> list[bytes]:
-        """The trailer to append to `frames` (read-only on `frames`)."""
+    def sign_frames(self, frames: list[bytes], receiver: bytes) -> list[bytes]:
+        """The trailer to append to `frames` sent to `receiver` (`receiver_name` of the endpoint; read-only on
+        `frames`)."""
         stamp = str(int(self._clock() * 1000)).encode()
         nonce = os.urandom(16)
-        mac = self._mac(_LABEL_ZMQ, self._signing_id, self._keys[self._signing_id], stamp, nonce, frames)
+        mac = self._mac(_LABEL_ZMQ, self._signing_id, self._keys[self._signing_id], stamp, nonce,
+                        [receiver, *frames])
         return [MAGIC, self._signing_id, stamp, nonce, mac]
 
-    def verify_frames(self, msg: list[bytes]) -> AuthVerdict:
-        """Check and strip the trailer of `msg`; a message is accepted once (mutates the replay memory)."""
+    def verify_frames(self, msg: list[bytes], receiver: bytes) -> AuthVerdict:
+        """Check and strip the trailer of `msg` received at `receiver` (this socket's advertised `host:port`); a
+        message is accepted once (mutates the replay memory). Signed for another receiver: BAD_MAC."""
         if len(msg) < TRAILER_FRAMES or msg[-TRAILER_FRAMES] != MAGIC:
             return AuthVerdict(AuthFailure.MISSING)
         body = list(msg[:-TRAILER_FRAMES])
         kid, stamp, nonce, mac = msg[-4:]
         if len(nonce) != 16 or len(mac) != 32 or not stamp.isdigit() or len(stamp) > 16:
             return AuthVerdict(AuthFailure.MALFORMED)
-        failure = self._check(kid, stamp, nonce, mac, _LABEL_ZMQ, body)
+        failure = self._check(kid, stamp, nonce, mac, _LABEL_ZMQ, [receiver, *body])
         return AuthVerdict(failure, body if failure is None else None)
 
     @staticmethod
@@ -176,35 +193,40 @@ class PeerAuth:
         return len(msg) >= TRAILER_FRAMES and msg[-TRAILER_FRAMES] == MAGIC
 
     # ---- HTTP -----------------------------------------------------------------------------------------
-    def sign_http_request(self, method: str, path_qs: str, body: bytes) -> tuple[str, str]:
-        """(header value, nonce) for one bootstrap request."""
+    def sign_http_request(self, method: str, path_qs: str, body: bytes, receiver: str) -> tuple[str, str]:
+        """(header value, nonce) for one bootstrap request to `receiver` (the `host:port` of its URL)."""
         stamp = str(int(self._clock() * 1000)).encode()
         nonce = os.urandom(16)
         mac = self._mac(_LABEL_HTTP_REQ, self._signing_id, self._keys[self._signing_id], stamp, nonce,
-                        _http_parts(method, path_qs, body))
-        value = f"v1 key={self._signing_id.decode()} ts={stamp.decode()} nonce={nonce.hex()} mac={mac.hex()}"
+                        _http_parts(method, path_qs, body, receiver))
+        value = (f"v2 key={self._signing_id.decode()} ts={stamp.decode()} nonce={nonce.hex()} to={receiver} "
+                 f"mac={mac.hex()}")
         return value, nonce.hex()
 
-    def verify_http_request(self, method: str, path_qs: str, body: bytes, header: str | None) -> AuthVerdict:
-        """Check a bootstrap request's header (mutates the replay memory); `nonce` set when accepted."""
+    def verify_http_request(self, method: str, path_qs: str, body: bytes, header: str | None,
+                            is_me: Callable[[str], bool]) -> AuthVerdict:
+        """Check a bootstrap request's header (mutates the replay memory); `nonce` set when accepted. `is_me`:
+        whether the header's `to` (`host:port`) names this server; WRONG_RECEIVER when not."""
         if not header:
             return AuthVerdict(AuthFailure.MISSING)
         fields = _header_fields(header)
         try:
-            kid, stamp = fields["key"].encode(), fields["ts"].encode()
+            kid, stamp, receiver = fields["key"].encode(), fields["ts"].encode(), fields["to"]
             nonce, mac = bytes.fromhex(fields["nonce"]), bytes.fromhex(fields["mac"])
         except (KeyError, ValueError):
             return AuthVerdict(AuthFailure.MALFORMED)
-        if len(nonce) != 16 or len(mac) != 32 or not stamp.isdigit() or len(stamp) > 16:
+        if len(nonce) != 16 or len(mac) != 32 or not stamp.isdigit() or len(stamp) > 16 or len(receiver) > 300:
             return AuthVerdict(AuthFailure.MALFORMED)
-        failure = self._check(kid, stamp, nonce, mac, _LABEL_HTTP_REQ, _http_parts(method, path_qs, body))
+        failure = self._check(kid, stamp, nonce, mac, _LABEL_HTTP_REQ, _http_parts(method, path_qs, body, receiver))
+        if failure is None and not is_me(receiver):
+            failure = AuthFailure.WRONG_RECEIVER  # genuine, but signed for another server (nonce now spent here)
         return AuthVerdict(failure, nonce=None if failure else nonce.hex())
 
     def sign_http_response(self, nonce_hex: str, status: int, body: bytes) -> str:
         """Header value tagging the bootstrap server's answer to the request of `nonce_hex`."""
         mac = self._mac(_LABEL_HTTP_RESP, self._signing_id, self._keys[self._signing_id], b"", b"",
                         [nonce_hex.encode(), str(status).encode(), hashlib.sha256(body).digest()])
-        return f"v1 key={self._signing_id.decode()} mac={mac.hex()}"
+        return f"v2 key={self._signing_id.decode()} mac={mac.hex()}"
 
     def verify_http_response(self, nonce_hex: str, status: int, body: bytes, header: str | None) -> AuthVerdict:
         """Check the answer to our request `nonce_hex` (read-only)."""
@@ -247,12 +269,12 @@ class PeerAuth:
         return h.digest()
 
 
-def _http_parts(method: str, path_qs: str, body: bytes) -> list[bytes]:
-    return [method.upper().encode(), path_qs.encode(), hashlib.sha256(body).digest()]
+def _http_parts(method: str, path_qs: str, body: bytes, receiver: str) -> list[bytes]:
+    return [method.upper().encode(), path_qs.encode(), hashlib.sha256(body).digest(), receiver.encode()]
 
 
 def _header_fields(header: str) -> dict[str, str]:
     parts = header.split()
-    if not parts or parts[0] != "v1":
+    if not parts or parts[0] != "v2":
         return {}
     return dict(p.split("=", 1) for p in parts[1:] if "=" in p)

@@ -32,7 +32,7 @@ ADVICE = ("set the same SGLANG_PD_PEER_SECRET_FILE on every PD server (make one 
           "SGLANG_PD_ALLOW_UNAUTHENTICATED_REMOTE_PEERS=1 (README: Security)")
 
 
-def normalize(address: str) -> str:
+def normalize_address(address: str) -> str:
     """`address` as one spelling: an IPv4-mapped IPv6 address as IPv4, no zone id; anything else as given."""
     try:
         ip = ipaddress.ip_address(address.split("%", 1)[0].strip("[]"))
@@ -49,8 +49,18 @@ def host_addresses() -> frozenset[str]:
 
     found = {"127.0.0.1", "::1"}
     for addresses in psutil.net_if_addrs().values():
-        found.update(normalize(a.address) for a in addresses if a.family.name in ("AF_INET", "AF_INET6"))
+        found.update(normalize_address(a.address) for a in addresses if a.family.name in ("AF_INET", "AF_INET6"))
     return frozenset(found)
+
+
+def this_host_names(*extra: str) -> frozenset[str]:
+    """Every name a peer may use for a server on this host: its addresses (`host_addresses`), `localhost`, the
+    host name, and `extra` (e.g. the address the server was told to bind), lower-cased and normalized."""
+    import socket
+
+    names = {"localhost", socket.gethostname().lower(), socket.getfqdn().lower()}
+    names.update(normalize_address(n).lower() for n in extra if n)
+    return frozenset(names) | host_addresses()
 
 
 class PeerSources:
@@ -60,7 +70,7 @@ class PeerSources:
         """`local`: this host's addresses (default: read from its interfaces when the check is on)."""
         self.authenticated, self.allow_remote = authenticated, allow_remote
         self.checking = not authenticated and not allow_remote
-        self.local = frozenset(normalize(a) for a in local) if local is not None else (
+        self.local = frozenset(normalize_address(a) for a in local) if local is not None else (
             host_addresses() if self.checking else frozenset())
         self._refused: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -76,7 +86,7 @@ class PeerSources:
     def admits(self, source: str, what: str) -> bool:
         """True when `source` may talk; otherwise counts the refusal and logs it the first time for `source`
         (`what` names the socket or route, e.g. 'prefill rank socket')."""
-        if not self.checking or normalize(source) in self.local:
+        if not self.checking or normalize_address(source) in self.local:
             return True
         with self._lock:
             key = source if source in self._refused or len(self._refused) < MAX_SOURCES else OTHER_SOURCES

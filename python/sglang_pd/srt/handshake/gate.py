@@ -73,10 +73,12 @@ class HandshakeGate:
                  peer_idle_s: float = PEER_IDLE_S,
                  clock: Callable[[], float] = time.monotonic, capture: bool = False,
                  digests: PromptDigests | None = None, failed_rooms: RoomTombstones | None = None,
-                 sources: PeerSources | None = None):
+                 sources: PeerSources | None = None, receiver: bytes = b""):
         """`sources`: who may send at all (step 0, `refuse_source`); None: every source (unit tests of the
-        later steps; the hook always passes the process's)."""
+        later steps; the hook always passes the process's). `receiver`: this socket's advertised `host:port`,
+        which a signed message must have been signed for (`receiver_name`)."""
         self.limits, self.host, self.auth = limits, host, auth
+        self.receiver = receiver
         self.sources = sources
         self.failed_rooms = failed_rooms  # prefill: rooms its own request failed and cleared (room_expiry.py)
         self.digests = digests  # prefill: prompt digests of admitted transfer infos (None: frame not expected)
@@ -211,7 +213,7 @@ class HandshakeGate:
                                            "every PD server)", "unsigned")
                 return list(msg[:-TRAILER_FRAMES])
             return msg
-        verdict = self.auth.verify_frames(msg)
+        verdict = self.auth.verify_frames(msg, self.receiver)
         if verdict.failure is None:
             return verdict.frames
         self.tally.add_to("auth_refused", verdict.failure.value)

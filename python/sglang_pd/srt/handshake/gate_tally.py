@@ -24,11 +24,13 @@ AUTH_TEXT = {
     AuthFailure.MISSING: "message has no auth tag (peer without SGLANG_PD_PEER_SECRET_FILE, or an impostor)",
     AuthFailure.MALFORMED: "auth tag is malformed",
     AuthFailure.UNKNOWN_KEY: "auth tag names a key this server does not hold (secret not rotated everywhere?)",
-    AuthFailure.BAD_MAC: "auth tag does not match (wrong secret, or the message was altered)",
+    AuthFailure.BAD_MAC: "auth tag does not match (wrong secret, the message was altered, or it was signed for another "
+                         "receiver: a replay to another rank or server)",
     AuthFailure.STALE: "auth timestamp outside the accepted window (replay, or clocks out of sync)",
     AuthFailure.REPLAYED: "message replayed (nonce already seen)",
     AuthFailure.OVERLOADED: "replay memory full; message refused",
     AuthFailure.BEFORE_START: "auth timestamp before this process started (replay across a restart, or clocks out of sync)",
+    AuthFailure.WRONG_RECEIVER: "signed for another server (a replay, or a peer using another address for this one)",
 }
 
 

@@ -40,7 +40,7 @@ from typing import Callable, Iterator
 import zmq
 
 from sglang_pd.srt.handshake.gate import HandshakeGate, Screened
-from sglang_pd.srt.auth import PeerAuth
+from sglang_pd.srt.auth import PeerAuth, receiver_name
 
 HOLD_WAIT_S = 2.0  # longest a `between_messages` caller waits for the reader to finish one message
 
@@ -226,13 +226,15 @@ class SigningSocket(zmq.Socket):
     """A PUSH socket whose send_multipart appends this deployment's auth trailer."""
 
     auth: PeerAuth = None
+    receiver: bytes = b""
     _raw: zmq.Socket = None
 
     @classmethod
-    def around(cls, raw: zmq.Socket, auth: PeerAuth) -> "SigningSocket":
-        """Shadow `raw` (which keeps owning the libzmq socket); sign with `auth`."""
+    def around(cls, raw: zmq.Socket, auth: PeerAuth, endpoint: str) -> "SigningSocket":
+        """Shadow `raw` (which keeps owning the libzmq socket), connected to `endpoint`; sign with `auth` for
+        that receiver."""
         sock = cls.shadow(raw.underlying)
-        sock._raw, sock.auth = raw, auth
+        sock._raw, sock.auth, sock.receiver = raw, auth, receiver_name(endpoint)
         return sock
 
     def close(self, linger: int | None = None) -> None:
@@ -242,4 +244,5 @@ class SigningSocket(zmq.Socket):
     def send_multipart(self, msg_parts, flags: int = 0, copy: bool = True, track: bool = False, **kwargs):
         """Send `msg_parts` followed by their auth trailer."""
         parts = [bytes(p) for p in msg_parts]
-        return super().send_multipart(parts + self.auth.sign_frames(parts), flags, copy, track, **kwargs)
+        return super().send_multipart(parts + self.auth.sign_frames(parts, self.receiver), flags, copy, track,
+                                      **kwargs)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 from typing import Callable, Mapping
 
+from sglang_pd.srt.auth import normalize_address
 from sglang_pd.srt.wire import fields as ff
 from sglang_pd.srt.wire import FrameError
 
@@ -78,6 +79,16 @@ def route_put_problem(body: bytes, registered_sizes: Mapping[str, int | None]) -
     except FrameError as exc:
         return f"PUT /route refused: {exc}"
     return None
+
+
+def names_this_server(receiver: str, port: int, names: frozenset[str]) -> bool:
+    """Whether `receiver` (`host:port` from a signed request) names a bootstrap server listening on `port`
+    under one of `names` (this host's addresses and host names)."""
+    host, sep, got_port = receiver.rpartition(":")
+    if not sep or not got_port.isdigit() or int(got_port) != port:
+        return False
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    return host.lower() in names or normalize_address(host) in names
 
 
 def rank_key(data: Mapping) -> tuple[int, int, int, int]:

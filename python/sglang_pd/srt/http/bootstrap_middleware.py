@@ -23,9 +23,10 @@ RegisteredAt = Callable[[tuple[int, int, int, int]], "tuple[str, int] | None"]
 
 
 def bootstrap_middleware(guard: PeerGuard, registered_sizes: Callable[[], dict], count: Callable[[str], None],
-                         registered_at: RegisteredAt):
+                         registered_at: RegisteredAt, is_me: Callable[[str], bool]):
     """An aiohttp middleware guarding the bootstrap routes (see module docstring). `registered_at`: a rank
-    slot -> the (rank_ip, rank_port) registered there, or None."""
+    slot -> the (rank_ip, rank_port) registered there, or None. `is_me`: whether a signed request's
+    `host:port` names this bootstrap server (`bootstrap_checks.names_this_server`)."""
     from aiohttp import web
 
     @web.middleware
@@ -41,7 +42,7 @@ def bootstrap_middleware(guard: PeerGuard, registered_sizes: Callable[[], dict],
         nonce = None
         if guard.auth is not None:
             verdict = guard.auth.verify_http_request(request.method, request.raw_path, body,
-                                                     request.headers.get(HTTP_HEADER))
+                                                     request.headers.get(HTTP_HEADER), is_me)
             if verdict.failure is not None:
                 guard.http.add("auth_refused", verdict.failure.value, peer,
                                f"sglang_pd: bootstrap {request.method} {request.path} refused: auth "

@@ -4,7 +4,8 @@ srt/http/bootstrap_middleware.py; the client side is srt/hooks/connection/reques
 
 from __future__ import annotations
 
-from sglang_pd.srt.http import bootstrap_middleware
+from sglang_pd.srt.auth import this_host_names
+from sglang_pd.srt.http import bootstrap_middleware, names_this_server
 from sglang_pd.srt.state import current, mode_name
 
 
@@ -19,7 +20,14 @@ def after_setup_routes(result, server):
         info = server.prefill_port_table.get(dp_group, {}).get(cp_rank, {}).get(tp_rank, {}).get(pp_rank)
         return None if info is None else (info.rank_ip, info.rank_port)
 
-    server.app.middlewares.append(bootstrap_middleware(current().peer_guard, sizes, _count_http, registered_at))
+    names = this_host_names(server.host)
+    port = int(server.port)
+
+    def is_me(receiver: str) -> bool:
+        return names_this_server(receiver, port, names)
+
+    server.app.middlewares.append(bootstrap_middleware(current().peer_guard, sizes, _count_http, registered_at,
+                                                       is_me))
     return result
 
 

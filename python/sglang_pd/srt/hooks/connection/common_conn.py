@@ -23,7 +23,7 @@ import contextlib
 import logging
 import threading
 
-from sglang_pd.srt.auth import curve_keys
+from sglang_pd.srt.auth import curve_keys, receiver_name
 from sglang_pd.srt.fault_injection import Fault
 from sglang_pd.srt.handshake import consume_decline, fail_room_if_known
 from sglang_pd.srt.wire import FrameLimits, Side
@@ -71,17 +71,18 @@ def _install(mgr, limits: FrameLimits, before) -> None:
     guard.tombstones = RoomTombstones(ttl) if prefill else None
     guard.failed_rooms = RoomTombstones(ttl) if prefill else None
     guard.digests = PromptDigests() if prefill else None
+    ip = f"[{mgr.local_ip}]" if ":" in str(mgr.local_ip) else mgr.local_ip
+    guard.endpoint = f"tcp://{ip}:{mgr.rank_port}"  # what this rank advertises: peers sign for it
     guard.gate = HandshakeGate(limits, host, guard.auth, UnclaimedRooms(ttl) if prefill else None,
                                guard.tombstones, on_count=state.counters.add, capture=state.settings.fault_injection,
-                               digests=guard.digests, failed_rooms=guard.failed_rooms, sources=guard.sources)
+                               digests=guard.digests, failed_rooms=guard.failed_rooms, sources=guard.sources,
+                               receiver=receiver_name(guard.endpoint))
     hold = prefill and reader_comes_straight_back(mgr, limits)
     mgr.server_socket = GuardedSocket.around(mgr.server_socket, guard.gate, on_error=_count_gate_error,
                                              before_admit=_injected_reader_exit, hold=hold)
     if hold:  # a transfer worker's pop of a finished room waits for the same turn as a clear
         mgr.transfer_infos = HeldRooms(mgr.transfer_infos, mgr.server_socket, _count_room_pop_turn)
     guard.bootstrap_hold = "on" if hold else ("off: --enable-pd-role-switch" if prefill else "decode: none")
-    ip = f"[{mgr.local_ip}]" if ":" in str(mgr.local_ip) else mgr.local_ip
-    guard.endpoint = f"tcp://{ip}:{mgr.rank_port}"
     guard.rooms_view = host.rooms_view
     guard.host = host
     guard.pool = {"page_size": limits.page_size, "num_pages": limits.max_kv_pages - 8,
@@ -121,7 +122,7 @@ def before_send_multipart_locked(mgr, endpoint, parts, is_ipv6=False):
     if auth is None:
         return None
     parts = [bytes(p) for p in parts]
-    return (mgr, endpoint, parts + auth.sign_frames(parts)), {"is_ipv6": is_ipv6}
+    return (mgr, endpoint, parts + auth.sign_frames(parts, receiver_name(endpoint))), {"is_ipv6": is_ipv6}
 
 
 def after_build_receiver_registration_message(result, mgr):
@@ -150,7 +151,7 @@ def around_receiver_connect(original, cls, endpoint, is_ipv6=False):
     sock, lock = original(cls, endpoint, is_ipv6)
     if guard.curve is not None:
         curve_keys.check_socket(sock, server=False, what=f"decode's socket to {endpoint}")
-    return (sock, lock) if guard.auth is None else (SigningSocket.around(sock, guard.auth), lock)
+    return (sock, lock) if guard.auth is None else (SigningSocket.around(sock, guard.auth, endpoint), lock)
 
 
 def after_manager_connect(result, mgr, endpoint, is_ipv6=False):

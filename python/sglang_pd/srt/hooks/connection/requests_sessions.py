@@ -42,7 +42,7 @@ def _signed_request(original, session, method, url, options: dict, peer_auth):
     body = options["data"] or b""
     body = body.encode() if isinstance(body, str) else bytes(body)
     path_qs = requests.Request(method, url, params=options["params"]).prepare().path_url
-    header, nonce = peer_auth.sign_http_request(method, path_qs, body)
+    header, nonce = peer_auth.sign_http_request(method, path_qs, body, urlsplit(url).netloc)
     options["headers"] = {**(options["headers"] or {}), HTTP_HEADER: header}
     response = original(session, method, url, **options)
     verdict = peer_auth.verify_http_response(nonce, response.status_code, response.content,
