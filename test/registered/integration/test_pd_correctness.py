@@ -2,6 +2,7 @@
 prefill: one suite (mixin), one class per transfer backend."""
 
 import concurrent.futures as cf
+import json
 import random
 import time
 
@@ -361,6 +362,28 @@ def test_a_prompt_token_outside_the_vocabulary_is_refused_and_every_server_keeps
     good = _tokens(rng, 30)
     _, decoded, _ = dep.generate_pd(good, NEW_TOKENS)
     assert decoded["output_ids"] == dep.generate(dep.plain.url, good, NEW_TOKENS)["output_ids"]
+    dep.wait_clean()
+
+
+def test_a_refusal_reaches_the_client_through_the_router_streamed_or_not(pd_page1: PDDeployment):
+    """A token outside the vocabulary sent through the stock sglang-router in PD mode: not streamed, HTTP 400
+    naming the id; streamed, HTTP 200 (SGLang commits the stream before the request is read) whose first event
+    is the error with code 400 and the same message, then [DONE]: the client learns why, no output token is
+    sent, and the pair keeps serving (scripts/probes/security/router_errors/probe.py records all four ways)."""
+    dep = pd_page1
+    bad = [5, 6, VOCAB_SIZE + 7, 8]
+    named = f"input_ids[2] = {VOCAB_SIZE + 7} is outside this model's vocabulary [0, {VOCAB_SIZE})"
+    sampling = {"max_new_tokens": NEW_TOKENS, "temperature": 0.0}
+    flat = requests.post(dep.router.url + "/generate", json={"input_ids": bad, "sampling_params": sampling},
+                         timeout=120)
+    assert flat.status_code == 400 and named in flat.text, (flat.status_code, flat.text[:300])
+    streamed = requests.post(dep.router.url + "/generate", timeout=120,
+                             json={"input_ids": bad, "sampling_params": sampling, "stream": True})
+    events = [line[len("data: "):] for line in streamed.text.splitlines() if line.startswith("data: ")]
+    assert streamed.status_code == 200 and events[-1] == "[DONE]", (streamed.status_code, streamed.text[:300])
+    error = json.loads(events[0])["error"]
+    assert error["code"] == 400 and named in error["message"] and len(events) == 2, events
+    assert dep.generate(dep.router.url, [5, 6, 7, 8], NEW_TOKENS)["output_ids"]
     dep.wait_clean()
 
 

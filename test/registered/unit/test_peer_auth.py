@@ -179,7 +179,7 @@ def test_a_secret_file_another_user_owns_is_refused(tmp_path):
     (secrets.token_hex(16), False),             # 32 hex digits: 128 bits
     ("k" * 64, False),                          # one character repeated
     ("a" * 32 + "-first-secret", False),        # padded: one character is most of it
-])
+], ids=["hex-256-bits", "base64-256-bits", "hex-128-bits", "repeated", "padded"])
 def test_keys_need_256_bits_by_the_estimate(tmp_path, key, strong):
     path = _private(tmp_path / "secret", key + "\n")
     if strong:
