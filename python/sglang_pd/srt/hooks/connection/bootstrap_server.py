@@ -37,11 +37,15 @@ def _count_http(name: str) -> None:
     if not state.counters.bound:
         try:
             from sglang.srt.entrypoints.http_server import get_global_state
+            from sglang.srt.runtime_context import get_disagg
 
             args = get_global_state().tokenizer_manager.server_args
             if args.enable_metrics:
-                state.counters.bind(mode_name(args.disaggregation_mode),
-                                    mode_name(args.disaggregation_transfer_backend))
+                # the resolved values, as the schedulers label theirs (scheduler.after_init_disaggregation):
+                # the raw argument can be "mooncake_tcp", which SGLang resolves to mooncake
+                disagg = get_disagg()
+                state.counters.bind(mode_name(disagg.disaggregation_mode),
+                                    mode_name(disagg.disaggregation_transfer_backend))
         except Exception:  # a bootstrap server outside SGLang's HTTP server (benchmark): count only
             state.hook_failed("bootstrap_metrics_bind", "bootstrap guard counts without Prometheus")
     state.counters.add(name, 1)
