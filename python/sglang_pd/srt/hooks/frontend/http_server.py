@@ -68,9 +68,14 @@ async def info() -> dict:
 
 
 async def stats() -> dict:
-    """Scheduler-side counters of every DP rank, and this HTTP process's peer guard (bootstrap server)."""
+    """Scheduler-side counters of every DP rank, and this HTTP process's peer guard (bootstrap server) and
+    counters. /metrics sums a counter over the processes that export it: the schedulers, and this process
+    once `metrics_exported`."""
+    counters = current().counters
     return {"role": _role(), "schedulers": await _scheduler_states(),
-            "http_process": {"handshake": current().peer_guard.snapshot()}}
+            "http_process": {"handshake": current().peer_guard.snapshot(), "counters": counters.snapshot(),
+                             # whether this process's counters are in /metrics (bound at its first bootstrap count)
+                             "metrics_exported": counters.bound}}
 
 
 async def arm_faults(body: dict) -> dict:
