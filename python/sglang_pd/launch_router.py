@@ -47,7 +47,7 @@ from pathlib import Path
 import requests
 
 from sglang_pd import router_child
-from sglang_pd.secret_file import private_file_problem
+from sglang_pd.secret_file import read_private
 
 ROUTING_KEY_HEADER = "X-SMG-Routing-Key"
 POLICIES = {
@@ -80,9 +80,7 @@ def read_api_key(path: str | os.PathLike) -> str:
     (never the content) when it is missing, unreadable, malformed, or readable by group or others."""
     p = Path(path)
     try:
-        with open(p, "rb") as f:
-            problem = private_file_problem(os.fstat(f.fileno()))
-            text = f.read().decode("utf-8")
+        text, problem = read_private(p)
     except (OSError, UnicodeDecodeError) as exc:
         raise PreflightError(f"--api-key-file {p}: cannot be read ({type(exc).__name__})") from None
     if problem is not None:

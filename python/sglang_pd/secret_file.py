@@ -38,6 +38,14 @@ def private_file_problem(st: os.stat_result) -> str | None:
     return None
 
 
+def read_private(path: Path) -> tuple[str, str | None]:
+    """(text of `path`, why it is not private or None): the status checked is the file read, not whatever the
+    path names later. Raises OSError / UnicodeDecodeError as open and decode do."""
+    with open(path, "rb") as f:
+        problem = private_file_problem(os.fstat(f.fileno()))
+        return f.read().decode("utf-8"), problem
+
+
 def key_bits(key: bytes) -> float:
     """An estimate of the entropy of `key`: its length times the bits per character of the smallest usual
     alphabet holding it (hex 4, base64 6, printable ASCII log2(95)); 0 for a repeated or patterned key (fewer
@@ -53,10 +61,7 @@ def read_keys(path: str | os.PathLike) -> list[bytes]:
     """Keys in `path`, one per line (blank and '#' lines skipped); the first signs. Raises SecretFileError."""
     p = Path(path)
     try:
-        with open(p, "rb") as f:
-            problem = private_file_problem(os.fstat(f.fileno()))  # the file read, not whatever the path names later
-            raw = f.read()
-        text = raw.decode("utf-8")
+        text, problem = read_private(p)
     except FileNotFoundError:
         raise SecretFileError(f"{p} does not exist") from None
     except (OSError, UnicodeDecodeError) as exc:

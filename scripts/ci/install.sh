@@ -20,7 +20,7 @@ RECIPE=$(cat "$0" "$PINS" "$ROOT/pyproject.toml" | sha256sum | cut -d' ' -f1)
 # A complete venv is checked without importing anything (importing sglang alone takes ~7 s on this box):
 # the stamp's recipe, every package at its installed place, and the GGUF file the offline model reads.
 if [ "$(cat "$STAMP" 2>/dev/null)" = "$RECIPE" ] && "$PY" -c "
-import importlib.metadata as m, importlib.util as u, sys
+import importlib.metadata as m, importlib.util as u
 assert m.version('torch').startswith('2.13.0') and m.version('sglang') == '0.5.23'
 for mod in ('sglang_pd', 'sglang', 'nixl', 'torchvision', 'sgl_kernel', 'matplotlib', 'accelerate', 'triton', 'sglang_router', 'mooncake'):
     assert u.find_spec(mod) is not None, mod

@@ -8,9 +8,10 @@ import pytest
 import zmq
 
 from sglang_pd.harness.hostile_peer import PeerIdentity, Templates
+from test_handshake_gate import Host
 from sglang_pd.srt.auth import PeerSources
 from sglang_pd.srt.auth.peer_sources import MAX_SOURCES, OTHER_SOURCES, host_addresses, normalize_address
-from sglang_pd.srt.handshake import GuardedSocket, HandshakeGate, PeerRecord, RoomTombstones, UnclaimedRooms
+from sglang_pd.srt.handshake import GuardedSocket, HandshakeGate, RoomTombstones, UnclaimedRooms
 from sglang_pd.srt.wire import FrameLimits, Side
 
 pytestmark = pytest.mark.unit
@@ -59,36 +60,10 @@ def test_the_refusal_table_is_bounded():
     assert len(table) == MAX_SOURCES + 1 and table[OTHER_SOURCES] == 50
 
 
-class _Host:
-    def __init__(self):
-        self.peers = {"127.0.0.1:16001": PeerRecord("127.0.0.1", 40001)}
-
-    def registered_peer(self, name):
-        return self.peers.get(name)
-
-    def num_registered(self):
-        return len(self.peers)
-
-    def endpoint_registered(self, target):
-        return any((r.endpoint, r.port) == tuple(target) for r in self.peers.values())
-
-    def room_claimed(self, room):
-        return False
-
-    def fail_room(self, room, reason, notify):
-        return False
-
-    def prune(self):
-        pass
-
-    def send_drained_tells(self):
-        return [], []
-
-
 def test_a_rank_socket_drops_a_message_from_127_0_0_2_unread_and_reads_one_from_127_0_0_1():
     counted = {}
     lim = FrameLimits("mooncake", Side.PREFILL, 16, 64, 1 << 20, aux_item_lens=(32,), aux_slots=(8,))
-    gate = HandshakeGate(lim, _Host(), None, UnclaimedRooms(10), RoomTombstones(10),
+    gate = HandshakeGate(lim, Host(), None, UnclaimedRooms(10), RoomTombstones(10),
                          on_count=lambda name, n: counted.__setitem__(name, counted.get(name, 0) + n),
                          sources=PeerSources(authenticated=False, allow_remote=False))
     ctx = zmq.Context()

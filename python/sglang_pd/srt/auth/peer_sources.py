@@ -23,13 +23,14 @@ import logging
 import threading
 from typing import Iterable
 
+from sglang_pd.secret_file import MAKE_ONE
+
 logger = logging.getLogger(__name__)
 
 MAX_SOURCES = 1024  # refusal counts kept per source; further sources share one row
 OTHER_SOURCES = "other"
-ADVICE = ("set the same SGLANG_PD_PEER_SECRET_FILE on every PD server (make one with `openssl rand -hex 32 > FILE; "
-          "chmod 600 FILE`), or run every PD server on this host, or opt out with "
-          "SGLANG_PD_ALLOW_UNAUTHENTICATED_REMOTE_PEERS=1 (README: Security)")
+ADVICE = (f"set the same SGLANG_PD_PEER_SECRET_FILE on every PD server ({MAKE_ONE}), or run every PD server on "
+          "this host, or opt out with SGLANG_PD_ALLOW_UNAUTHENTICATED_REMOTE_PEERS=1 (docs/security.md)")
 
 
 def normalize_address(address: str) -> str:

@@ -65,8 +65,8 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
           "SCHED_BATCH (threads/helper_threads.py)")),
     *_on(f"{_CONN}.CommonKVBootstrapServer", HTTP,
          ("_setup_routes", "AFTER", bootstrap_server.after_setup_routes, "bootstrap server: authenticate and check "
-          "every /route, /register_dp_rank, /query_dp_ranks request before SGLang's handler stores it; tag the "
-          "answers")),
+          "every /route, /register_dp_rank, /query_dp_ranks request before SGLang's handler stores it (and a "
+          "PUT moving a rank in its prefill_port_table: 409 without a secret); tag the answers")),
     *_on(f"{_MGR}.scheduler.Scheduler", SCHED,
          ("init_disaggregation", "AFTER", scheduler.after_init_disaggregation, "label sglang_pd metrics with "
           "role/backend; export them on /metrics when metrics are on; a PD scheduler's helper threads to "
