@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import requests
@@ -42,6 +43,40 @@ def group_pids(pgid: int) -> list[int]:
         if fields[0] != "Z" and int(fields[2]) == pgid:
             pids.append(int(entry.name))
     return sorted(pids)
+
+
+@dataclass(frozen=True)
+class ProcessEntry:
+    """One live process below a server: its pid, parent pid, kernel name (`comm`) and command line."""
+
+    pid: int
+    ppid: int
+    comm: str
+    cmdline: str
+
+
+def descendants(root: int) -> list[ProcessEntry]:
+    """Every live process below `root` (children, their children, ...), read from /proc, by pid."""
+    parents: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parents[int(entry.name)] = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except OSError:
+                continue  # exited while we looked
+    below, frontier = [], {root}
+    while frontier:
+        frontier = {pid for pid, ppid in parents.items() if ppid in frontier}
+        below += frontier
+    out = []
+    for pid in sorted(below):
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        out.append(ProcessEntry(pid, parents[pid], comm, cmdline))
+    return out
 
 
 def log_tail(path: Path, num_lines: int = 40) -> str:

@@ -35,6 +35,7 @@ from sglang_pd.srt.fault_injection import FaultPlan
 from sglang_pd.srt.mem_cache import LockLedger
 from sglang_pd.srt.mem_cache import IntegrityReport
 from sglang_pd.srt.metrics import PDCounters
+from sglang_pd.srt.processes import StartMethodPolicy
 
 
 logger = logging.getLogger("sglang_pd.hooks")
@@ -97,6 +98,7 @@ class ProcessState:
     idle_wait: IdleWait
     transfer_worker_priority: TransferWorkerPriority
     helper_threads: HelperThreadPolicy
+    start_method: StartMethodPolicy
     applied_hooks: list[str] = field(default_factory=list)
     last_integrity: IntegrityReport | None = None
 
@@ -175,7 +177,8 @@ def build_state(kind: ProcessKind, settings: Settings) -> ProcessState:
                                     settings.unclaimed_room_ttl_s, settings.allow_unauthenticated_remote_peers),
         idle_wait=IdleWait(settings.idle_wait_us / 1e6, counters),
         transfer_worker_priority=TransferWorkerPriority(settings.transfer_worker_nice, counters),
-        helper_threads=HelperThreadPolicy(settings.helper_threads_batch, counters))
+        helper_threads=HelperThreadPolicy(settings.helper_threads_batch, counters),
+        start_method=StartMethodPolicy(settings.cpu_forkserver))
 
 
 _current: ProcessState | None = None

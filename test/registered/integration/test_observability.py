@@ -10,6 +10,7 @@ import pytest
 
 from lock_checks import in_background
 from sglang_pd.harness import PDDeployment
+from sglang_pd.harness.server import descendants
 from sglang_pd.models import VOCAB_SIZE, model_config
 from sglang_pd.srt.mem_cache import kv_to_page_num, page_align_floor
 from sglang_pd.srt.metrics.scrape_refresh import MIN_INTERVAL_S
@@ -187,12 +188,9 @@ def _threads(pid: int) -> dict[int, str]:
 
 
 def _children(pid: int) -> dict[str, int]:
-    """Process name -> pid of `pid`'s SGLang subprocesses (scheduler, detokenizer)."""
-    kids = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and _proc_field(int(entry), "PPid") == str(pid):
-            kids[open(f"/proc/{entry}/comm").read().strip()] = int(entry)
-    return kids
+    """Process name -> pid of every process below server `pid`: SGLang's scheduler and detokenizer (children of
+    the forkserver on CPU, of the server itself under spawn), the forkserver and resource tracker ("python")."""
+    return {entry.comm: entry.pid for entry in descendants(pid)}
 
 
 def _policy(tid: int) -> int:
@@ -239,6 +237,6 @@ def test_helper_threads_run_sched_batch_and_the_scheduler_thread_does_not(pd_pag
     for thread in states[pd.prefill.name]["transfer_worker_priority"]["threads"]:
         assert _policy(thread["tid"]) == os.SCHED_BATCH, thread
     for server in (pd_page1.plain, pd_page1.prefill, pd_page1.decodes[0]):
-        tids = [t for pid in (server.proc.pid, *_children(server.proc.pid).values()) for t in _threads(pid)]
+        tids = [t for pid in (server.proc.pid, *(e.pid for e in descendants(server.proc.pid))) for t in _threads(pid)]
         assert len(tids) > 3 and all(_policy(t) == os.SCHED_OTHER for t in tids), server.name
     assert pd_page1.scheduler_state(pd_page1.decodes[0])["helper_threads"]["num_batched"] == 0

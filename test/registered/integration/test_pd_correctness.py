@@ -341,6 +341,29 @@ def test_plugin_active_on_both_servers(pd_page1: PDDeployment):
     pd_page1.check_alive()
 
 
+def test_on_cpu_every_server_starts_its_children_from_a_forkserver_and_they_run_our_hooks(pd_page1: PDDeployment):
+    """SGLANG_PD_CPU_FORKSERVER (default on, srt/processes/start_method.py): on each server (prefill, decode,
+    plain) the scheduler and the detokenizer are children of one forkserver process, itself a child of the
+    server, not spawned by the server; /sglang_pd/info says so; and each child loaded the plugin for its own kind
+    (the scheduler's hooks are the scheduler rows of the table, not the HTTP process's)."""
+    from sglang_pd.harness.server import descendants
+    from sglang_pd.srt.hooks.table import hooks_for
+    from sglang_pd.srt.state import ProcessKind
+
+    scheduler_rows = {f"{spec.hook_type} {spec.target}" for spec in hooks_for(ProcessKind.SCHEDULER)}
+    for server in (pd_page1.prefill, pd_page1.decodes[0], pd_page1.plain):
+        info = pd_page1.get_json(server.url, "/sglang_pd/info")
+        assert info["process_start"]["method"] == "forkserver", (server.name, info["process_start"])
+        tree = descendants(server.proc.pid)
+        forkservers = [e for e in tree if "multiprocessing.forkserver" in e.cmdline]
+        assert len(forkservers) == 1 and forkservers[0].ppid == server.proc.pid, (server.name, tree)
+        children = {e.comm: e.ppid for e in tree if e.comm.startswith("sglang::")}
+        assert children == {"sglang::scheduler": forkservers[0].pid, "sglang::detokenizer": forkservers[0].pid}, \
+            (server.name, tree)
+        assert scheduler_rows <= set(info["scheduler_hooks"][0]), server.name
+        assert not any("http_server" in hook for hook in info["scheduler_hooks"][0]), server.name
+
+
 @pytest.mark.parametrize("bad, named", [(VOCAB_SIZE, f"input_ids[2] = {VOCAB_SIZE} is outside this model's vocabulary"),
                                         (-1, "input_ids[2] = -1 is outside this model's vocabulary"),
                                         (2.5, "input_ids[2] = 2.5 is not an integer token id")])

@@ -58,3 +58,15 @@ def test_upstream_alone_serves_our_outputs_and_exposes_only_its_own_figures(pd_u
     assert all(r["busy"] == {} and r["leak_warnings"] == [] and "lock owners" in r["not_checked"]
                for r in reports.values()), reports
     pd_page16.wait_clean()
+
+
+def test_upstream_alone_spawns_its_children_itself(pd_upstream):
+    """Without the plugin SGLang keeps its own start method (spawn): the scheduler and the detokenizer are the
+    server's own children and no forkserver runs (the contrast to test_pd_correctness's forkserver check)."""
+    from sglang_pd.harness.server import descendants
+
+    for server in (pd_upstream.prefill, pd_upstream.decodes[0]):
+        tree = descendants(server.proc.pid)
+        assert not any("multiprocessing.forkserver" in e.cmdline for e in tree), (server.name, tree)
+        children = {e.comm: e.ppid for e in tree if e.comm.startswith("sglang::")}
+        assert children == {"sglang::scheduler": server.proc.pid, "sglang::detokenizer": server.proc.pid}, tree

@@ -27,8 +27,8 @@ import pytest
 pytestmark = pytest.mark.unit
 
 PKG = Path(__file__).resolve().parents[3] / "python" / "sglang_pd"
-LOGIC_PACKAGES = ("admission", "attention", "auth", "handshake", "http", "local_prefill", "mem_cache", "slo",
-                  "threads", "transfer", "wire")
+LOGIC_PACKAGES = ("admission", "attention", "auth", "handshake", "http", "local_prefill", "mem_cache", "processes",
+                  "slo", "threads", "transfer", "wire")
 SRT_TOP = {"__init__.py", "state.py", "fault_injection.py", "hooks", "metrics", *LOGIC_PACKAGES}
 MAX_LINES, MAX_HOOK_LINES, MAX_MODULES_PER_PACKAGE = 400, 300, 12
 _TOP = {"sglang_pd": 0, "secret_file": 0, "checkpoint": 0, "config": 1, "real_model": 1, "models": 2,

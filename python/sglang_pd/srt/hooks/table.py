@@ -1,9 +1,8 @@
 """The one table of every upstream SGLang symbol sglang_pd hooks: target, hook type, process, why.
 
-Adding a hook anywhere else is a bug: `plugin.register()` applies exactly this table, and the unit tier checks
-that every target still resolves in the pinned SGLang and that every hook's signature matches its target's
-(names, kinds, defaults). Rows are grouped by the upstream module or class they patch (`_on`); the functions live
-in scheduling/, connection/, frontend/ (one module per upstream module or class, two for DecodePreallocQueue).
+Adding a hook anywhere else is a bug: `plugin.register()` applies exactly this table; the unit tier checks every
+target resolves in the pinned SGLang and every hook's signature matches its target's. Rows are grouped by the
+upstream module or class they patch (`_on`); the functions live in scheduling/, connection/, frontend/.
 `REGISTRY_TABLE`: names we add to SGLang's own registries (SGLang looks them up itself), e.g. our attention backend.
 """
 
@@ -15,7 +14,8 @@ from typing import Callable
 from sglang_pd.srt.hooks import attention_backend
 from sglang_pd.srt.hooks.connection import (bootstrap_server, common_conn, common_utils, mooncake_conn, network,
                                             nixl_api, nixl_conn, requests_sessions)
-from sglang_pd.srt.hooks.frontend import detokenizer_manager, http_server, io_struct, output_streamer, tokenizer_manager
+from sglang_pd.srt.hooks.frontend import (detokenizer_manager, engine, http_server, io_struct, output_streamer,
+                                          tokenizer_manager)
 from sglang_pd.srt.hooks.scheduling import (decode_handoff, decode_prealloc_queue, decode_scheduler,
                                             mem_cache_common, prefill, prefix_cache, schedule_batch, scheduler)
 from sglang_pd.srt.state import ProcessKind
@@ -42,6 +42,9 @@ def _on(owner: str, process: ProcessKind, *rows: tuple[str, str, Callable, str])
 
 
 HOOK_TABLE: tuple[HookSpec, ...] = (
+    *_on("sglang.srt.entrypoints.engine", HTTP, ("_set_envs_and_config", "AFTER", engine.after_set_envs_and_config,
+         "on --device cpu, start the scheduler and detokenizer from a forkserver that imported them once, not as "
+         "fresh spawned interpreters (processes/start_method.py)")),
     *_on("sglang.srt.entrypoints.http_server", HTTP,
          ("launch_server", "BEFORE", http_server.before_launch_server, "mount GET /sglang_pd/info and "
           "/sglang_pd/stats on the server's own FastAPI app (and, with a TTFT target, the Retry-After middleware for "
@@ -224,8 +227,7 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
           "decode: a transfer info ends with its request's prompt digest (prefill serves the room only for that "
           "prompt; handshake/prompt_binding.py)")),
     *_on(f"{_DISAGG}.nixl.conn.NixlKVManager", SCHED,
-         ("_handle_abort_notification", "AROUND", nixl_conn.around_handle_abort_notification,
-          "same for NIXL"),
+         ("_handle_abort_notification", "AROUND", nixl_conn.around_handle_abort_notification, "same for NIXL"),
          ("__init__", "AROUND", nixl_conn.around_init, "CPU device: register KV as DRAM (upstream says VRAM) and "
           "scope the next row"),
          ("send_kvcache", "AROUND", nixl_conn.around_send_kvcache, "count the KV pages NIXL itself was asked to "
@@ -258,8 +260,7 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
 
 
 def hooks_for(kind: ProcessKind) -> tuple[HookSpec, ...]:
-    """The rows of HOOK_TABLE applied in a process of `kind` (read-only)."""
-    return tuple(spec for spec in HOOK_TABLE if spec.process is kind)
+    return tuple(spec for spec in HOOK_TABLE if spec.process is kind)  # read-only
 
 
 @dataclass(frozen=True)
@@ -284,8 +285,7 @@ REGISTRY_TABLE: tuple[RegistrySpec, ...] = (  # shared-prefix decode attention (
 
 
 def registrations_for(kind: ProcessKind) -> tuple[RegistrySpec, ...]:
-    """The rows of REGISTRY_TABLE applied in a process of `kind` (read-only)."""
-    return tuple(spec for spec in REGISTRY_TABLE if kind in spec.processes)
+    return tuple(spec for spec in REGISTRY_TABLE if kind in spec.processes)  # read-only
 
 
 def apply_ledger_hooks() -> None:

@@ -1,6 +1,7 @@
 """Hook on SGLang's HTTP server (entrypoints/http_server.py) and the routes sglang_pd adds to its app.
 
-GET /sglang_pd/info   -> version, role, hooks applied in the HTTP and scheduler processes.
+GET /sglang_pd/info   -> version, role, how the subprocesses started, hooks applied in the HTTP and
+                         scheduler processes.
 GET /sglang_pd/stats  -> the scheduler-side state of every DP rank (counters, ledger, integrity, ...).
 POST /sglang_pd/faults -> arm test faults (mounted only with SGLANG_PD_ENABLE_FAULT_INJECTION=1).
 SGLang's /health and /health_generate answer 503 while a PD thread is dead (srt/http/health.py).
@@ -62,6 +63,7 @@ async def info() -> dict:
         "page_size": int(_server_args().page_size or 1),
         "transfer_backend": str(_server_args().disaggregation_transfer_backend),
         "peers": current().peer_guard.sources.mode,   # this-host | authenticated | unauthenticated-remote
+        "process_start": current().start_method.snapshot(),  # {method: forkserver | spawn, reason}
         "http_hooks": current().patched_hooks(),
         "scheduler_hooks": [s.get("applied_hooks", []) for s in schedulers],
     }

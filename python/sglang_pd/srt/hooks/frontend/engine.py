@@ -1,0 +1,17 @@
+"""Hook on SGLang's engine set-up (entrypoints/engine.py, main process): how its subprocesses start
+(srt/processes/start_method.py)."""
+
+from __future__ import annotations
+
+import sys
+
+from sglang_pd.srt.state import current
+
+
+def after_set_envs_and_config(result, server_args):
+    """SGLang has just set multiprocessing's start method to spawn; on a CPU server, switch to a forkserver
+    that imported the children's modules (started here, with the environment SGLang set), and say so once."""
+    choice = current().start_method.apply(str(server_args.device), bool(server_args.enable_memory_saver),
+                                          server_args.numa_node is not None)
+    print(f"[sglang_pd] subprocesses start by {choice.method}: {choice.reason}", file=sys.stderr, flush=True)
+    return result
