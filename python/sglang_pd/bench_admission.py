@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass
 
 from sglang_pd.config import Settings
 from sglang_pd.srt.admission import AdmissionRound, PoolSizer
-from sglang_pd.srt.hooks.table import apply_ledger_hooks
+from sglang_pd.srt.hooks.ledger_hooks import apply_ledger_hooks
 from sglang_pd.srt.mem_cache import RequestKind
 from sglang_pd.srt.mem_cache.standalone import paged_tree
 from sglang_pd.srt.state import ProcessKind, build_state, install

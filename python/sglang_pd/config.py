@@ -32,6 +32,7 @@ PEER_SECRET_FILE = f"{PREFIX}PEER_SECRET_FILE"
 PEER_AUTH_MAX_SKEW_S = f"{PREFIX}PEER_AUTH_MAX_SKEW_S"
 MAX_PEER_AUTH_SKEW_S = 120.0
 PEER_CURVE = f"{PREFIX}PEER_CURVE"
+KV_DIGEST = f"{PREFIX}KV_DIGEST"
 ALLOW_UNAUTHENTICATED_REMOTE_PEERS = f"{PREFIX}ALLOW_UNAUTHENTICATED_REMOTE_PEERS"
 UNCLAIMED_ROOM_TTL_S = f"{PREFIX}UNCLAIMED_ROOM_TTL_S"
 IDLE_WAIT_US = f"{PREFIX}IDLE_WAIT_US"
@@ -104,6 +105,12 @@ def _flag(value: str) -> bool:
     if value not in ("0", "1"):
         raise ValueError("must be 0 or 1")
     return value == "1"
+
+
+def _auto_flag(value: str) -> str:
+    if value not in ("auto", "0", "1"):
+        raise ValueError("must be auto, 0 or 1")
+    return value
 
 
 def _whole(value: str) -> int:
@@ -188,6 +195,11 @@ SETTINGS: tuple[Setting, ...] = (
             "without bound before any check runs), and control messages are encrypted. Every PD server of the "
             "deployment must set it alike; the pair comes from the first key, so a key rotation needs all "
             "servers restarted together", _flag),
+    Setting(KV_DIGEST, "kv_digest", "auto",
+            "prefill and decode: 1 checks each transferred request's KV before decode uses or caches it: prefill "
+            "sends a BLAKE2b-128 digest of the KV rows it sent in the room's (signed) status, decode compares its own "
+            "and fails the request on a mismatch or a missing digest; 0 off; auto (default): on when "
+            f"{PEER_SECRET_FILE} is set. Set it alike on every PD server", _auto_flag),
     Setting(PEER_AUTH_MAX_SKEW_S, "peer_auth_max_skew_s", "30",
             "seconds a signed handshake message stays acceptable (clocks of PD servers must agree within it); at "
             f"most {MAX_PEER_AUTH_SKEW_S:g}: a wider window is a longer replay window", _seconds_up_to(MAX_PEER_AUTH_SKEW_S)),
@@ -244,6 +256,7 @@ class Settings:
     peer_secret_file: Path | None = None
     peer_auth_max_skew_s: float = 30.0
     peer_curve: bool = False
+    kv_digest: str = "auto"
     allow_unauthenticated_remote_peers: bool = False
     unclaimed_room_ttl_s: float = 120.0
     idle_wait_us: int = 500
@@ -260,6 +273,11 @@ class Settings:
         if problems:
             raise SettingsError(problems)
         return cls(**values)
+
+    @property
+    def kv_digest_on(self) -> bool:
+        """SGLANG_PD_KV_DIGEST resolved: 1, or auto with a peer secret."""
+        return self.kv_digest == "1" or (self.kv_digest == "auto" and self.peer_secret_file is not None)
 
     @property
     def models_root(self) -> Path:

@@ -283,8 +283,16 @@ def _value(result: dict, key: str):
     return (result.get("sglang_pd_counters") or {}).get(key)
 
 
+DIGEST_ROWS = [
+    ("kv_digest_ms_per_request", "KV digest ms per request (prefill + decode)", "{:.3f}", None),
+    ("kv_digest_share_of_ttft_p50", "KV digest / TTFT p50", "{:.4%}", None),
+]
+
+
 def _rows(results: dict[str, dict]) -> list:
     rows = list(ROWS)
+    if any(r.get("kv_digest_ms_per_request") for r in results.values()):
+        rows += DIGEST_ROWS
     if all("sglang_kv_transfer_mb" in r for r in results.values()):
         rows += SERVER_ROWS + PLUGIN_ROWS
     if all("slo_attainment" in r for r in results.values()):

@@ -32,12 +32,13 @@ UPSTREAM = {
 # sglang_pd decode counters (PDCounters names) reported per run
 PLUGIN_DECODE = ("decode_retractions_total", "resume_requests_total", "resume_backup_tokens_total",
                  "resume_restored_tokens_total", "admission_rounds_total", "admission_round_evictions_total",
-                 "evicted_tokens_total")
+                 "evicted_tokens_total", "kv_digests_checked_total", "kv_digest_seconds_total")
 # sglang_pd prefill counters reported per run: how often a request's clear found prefill's bootstrap thread
 # handling a message (and waited for it; see handshake/sockets.py)
 PLUGIN_PREFILL = ("prefill_sender_clears_total", "clears_waited_for_bootstrap_total",
                   "clear_bootstrap_wait_timeouts_total",
-                  "room_pops_waited_for_bootstrap_total", "room_pop_bootstrap_wait_timeouts_total")
+                  "room_pops_waited_for_bootstrap_total", "room_pop_bootstrap_wait_timeouts_total",
+                  "kv_digests_sent_total", "kv_digest_seconds_total")
 
 
 def stage_deltas(before: dict[str, LatencyTotal], after: dict[str, LatencyTotal]) -> dict[str, dict]:
@@ -61,6 +62,19 @@ def plugin_active(url: str) -> bool:
 
 def _counters(url: str) -> dict:
     return PDDeployment.get_json(url, "/sglang_pd/stats")["schedulers"][0]["counters"]
+
+
+def digest_cost(summary: dict) -> dict:
+    """SGLANG_PD_KV_DIGEST's cost in a run: digest time per checked request, prefill's and decode's together
+    (ms), and that as a share of the run's TTFT p50; empty when no request was checked."""
+    decode, prefill = summary.get("sglang_pd_counters") or {}, summary.get("sglang_pd_prefill_counters") or {}
+    checked = decode.get("kv_digests_checked_total", 0)
+    if not checked:
+        return {}
+    ms = 1000 * (decode["kv_digest_seconds_total"] + prefill.get("kv_digest_seconds_total", 0.0)) / checked
+    ttft = summary.get("ttft_p50_s")
+    return {"kv_digest_ms_per_request": round(ms, 3),
+            "kv_digest_share_of_ttft_p50": round(ms / 1000 / ttft, 5) if ttft else None}
 
 
 class ServerFigures:
@@ -123,4 +137,5 @@ class ServerFigures:
         summary["decode_shared_attention"] = decode_state.get("shared_attention")
         ttft_by_rid = {f"pd-{r.result.room}": r.result.ttft_s for r in records if r.result.ok}
         summary["decode_local_prefill"] = local_breakdown(decode_state.get("local_prefill"), ttft_by_rid)
+        summary.update(digest_cost(summary))
         return summary

@@ -4,7 +4,8 @@ A configuration name is `off` or `on` (decode radix cache, sglang_pd active) opt
 `+itl` (decode admission under SGLANG_PD_ITL_TARGET_MS), `+reject` (early rejection under
 SGLANG_PD_TTFT_TARGET_MS), `+shared` (attention backend sglang_pd_shared_prefix instead of
 torch_native on both servers: shared-prefix decode on decode, extends with only their new queries on prefill),
-`+shared-decode` (that backend on decode only, prefill keeps torch_native)
+`+shared-decode` (that backend on decode only, prefill keeps torch_native),
+`+digest` (SGLANG_PD_KV_DIGEST=1: transferred KV checked against prefill's digest; no secret needed to measure it)
 and `+local` (decode-local prefill under SGLANG_PD_LOCAL_PREFILL_TOKENS), e.g.
 `off,on,on+itl+reject,on+shared,on+local+shared`; or `on-upstream`: upstream's
 `--disaggregation-decode-enable-radix-cache` with the sglang_pd plugin not loaded, and `off-upstream`: the
@@ -19,9 +20,10 @@ import statistics
 from dataclasses import dataclass
 
 from sglang_pd.bench.report import pyplot
-from sglang_pd.config import ITL_TARGET_MS as ITL_ENV, LOCAL_PREFILL_TOKENS as LOCAL_ENV, TTFT_TARGET_MS as TTFT_ENV
+from sglang_pd.config import ITL_TARGET_MS as ITL_ENV, KV_DIGEST as DIGEST_ENV, LOCAL_PREFILL_TOKENS as LOCAL_ENV
+from sglang_pd.config import TTFT_TARGET_MS as TTFT_ENV
 
-_FEATURES = ("itl", "reject", "shared", "shared-decode", "local")
+_FEATURES = ("itl", "reject", "shared", "shared-decode", "local", "digest")
 SHARED_BACKEND = "sglang_pd_shared_prefix"  # srt/hooks/attention_backend.BACKEND_NAME (a unit test ties them)
 # base name -> (decode radix cache on, sglang_pd plugin loaded)
 _BASES = {"off": (False, True), "on": (True, True), "on-upstream": (True, False), "off-upstream": (False, False)}
@@ -61,7 +63,7 @@ def parse_configs(text: str, itl_target_ms: float | None, ttft_target_ms: float 
         base, *features = name.split("+")
         if base not in _BASES or any(f not in _FEATURES for f in features):
             raise ValueError(f"unknown configuration {name!r}: use off|on|on-upstream|off-upstream, then optional +itl, "
-                             "+reject, +shared, +shared-decode, +local")
+                             "+reject, +shared, +shared-decode, +local, +digest")
         decode_radix, plugin = _BASES[base]
         if features and not plugin:
             raise ValueError(f"configuration {name!r}: +itl, +reject, +shared and +local are sglang_pd "
@@ -80,6 +82,8 @@ def parse_configs(text: str, itl_target_ms: float | None, ttft_target_ms: float 
                 raise ValueError(f"configuration {name!r} needs the decode radix cache (on) and "
                                  "--local-prefill-tokens > 0")
             env.append((LOCAL_ENV, str(local_prefill_tokens)))
+        if "digest" in features:
+            env.append((DIGEST_ENV, "1"))
         if "shared" in features and "shared-decode" in features:
             raise ValueError(f"configuration {name!r}: +shared already puts the backend on decode; "
                              "use +shared or +shared-decode")

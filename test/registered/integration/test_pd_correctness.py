@@ -87,14 +87,22 @@ class CorrectnessSuite:
 
     # ---- power checks: each equality above can fail. The path is broken on purpose, for one room, and
     # the output must then differ from the plain server's (tokens, or logprobs beyond the tolerance).
-    def test_a_transferred_page_corrupted_on_arrival_changes_the_output(self, dep: PDDeployment, plain_url: str):
-        """kv_page_corrupt: decode overwrites the first page prefill sent before any forward reads it."""
+    def test_a_transferred_page_corrupted_on_arrival_changes_the_output_or_is_caught(self, dep: PDDeployment,
+                                                                                     plain_url: str):
+        """kv_page_corrupt: decode overwrites the first page prefill sent before any forward reads it. Without
+        KV digests (page1: no secret) the output differs from plain (the power check); with them (a secret:
+        SGLANG_PD_KV_DIGEST=auto is on) decode catches it before use: the request fails with HTTP 500 naming
+        the room, the pages are freed and never cached (the same prompt again starts from an empty prefix
+        and equals plain), counted, nothing leaks."""
         rng = random.Random(600 + dep.config.page_size)
         prompt = _tokens(rng, 40)
         room, fired = arm_for_new_room(dep, "kv_page_corrupt")
-        _, decoded, _ = dep.generate_pd(prompt, NEW_TOKENS, room=room)
-        assert decode_fired(dep, "kv_page_corrupt") == fired + 1
-        assert_differs(decoded, dep.generate(plain_url, prompt, NEW_TOKENS), "one transferred page corrupted")
+        if not kv_digest_on(dep):
+            _, decoded, _ = dep.generate_pd(prompt, NEW_TOKENS, room=room)
+            assert decode_fired(dep, "kv_page_corrupt") == fired + 1
+            assert_differs(decoded, dep.generate(plain_url, prompt, NEW_TOKENS), "one transferred page corrupted")
+        else:
+            assert_caught_by_the_kv_digest(dep, plain_url, prompt, room, "kv_page_corrupt", fired)
         again = _tokens(rng, 40)  # the same pair, unbroken: equal again
         assert_same(dep.generate_pd(again, NEW_TOKENS)[1], dep.generate(plain_url, again, NEW_TOKENS), "after")
         dep.wait_clean()
@@ -108,9 +116,12 @@ class CorrectnessSuite:
         dep.generate_pd(primed, NEW_TOKENS)  # decode holds this prefix: the broken request's match
         prompt = primed + _tokens(rng, 3 * page)
         room, fired = arm_for_new_room(dep, "prefix_page_ahead")
-        _, decoded, _ = dep.generate_pd(prompt, NEW_TOKENS, room=room)
-        assert decode_fired(dep, "prefix_page_ahead") == fired + 1
-        assert_differs(decoded, dep.generate(plain_url, prompt, NEW_TOKENS), "decode_prefix_len one page ahead")
+        if not kv_digest_on(dep):
+            _, decoded, _ = dep.generate_pd(prompt, NEW_TOKENS, room=room)
+            assert decode_fired(dep, "prefix_page_ahead") == fired + 1
+            assert_differs(decoded, dep.generate(plain_url, prompt, NEW_TOKENS), "decode_prefix_len one page ahead")
+        else:  # decode digests from the prefix it holds, prefill from the one it was told: one page apart
+            assert_caught_by_the_kv_digest(dep, plain_url, prompt, room, "prefix_page_ahead", fired, cached_prefix=True)
         assert dep.prefill_rooms()[room]["decode_prefix_len"] == page_align_floor(len(primed), page) + page
         dep.wait_clean()
 
@@ -176,6 +187,30 @@ def arm_for_new_room(dep: PDDeployment, fault: str) -> tuple[int, int]:
     room, before = new_bootstrap_room(), decode_fired(dep, fault)
     dep.arm_faults(dep.decodes[0], **{f"{fault}_room": room})
     return room, before
+
+
+def kv_digest_on(dep: PDDeployment) -> bool:
+    """Whether the pair checks transferred KV against prefill's digest (SGLANG_PD_KV_DIGEST resolved)."""
+    return all(dep.scheduler_state(s)["handshake"]["kv_digest"]["on"] for s in (dep.prefill, dep.decodes[0]))
+
+
+def assert_caught_by_the_kv_digest(dep: PDDeployment, plain_url: str, prompt: list[int], room: int, fault: str,
+                                   fired: int, cached_prefix: bool = False) -> None:
+    """The request in `room` (its fault armed) fails on decode with the digest mismatch named, counted once;
+    its pages are not cached: the same prompt again reuses no more than the prefix cached before
+    (`cached_prefix`: a primed prefix may stay) and its output equals plain."""
+    counters = lambda: dep.scheduler_state(dep.decodes[0])["counters"]  # noqa: E731
+    before = counters()["kv_digest_mismatches_total"]
+    _, decode_resp, _ = dep.post_generate_pd(prompt, NEW_TOKENS, room=room)
+    assert decode_fired(dep, fault) == fired + 1
+    assert decode_resp.status_code == 500 and f"KV digest mismatch for room {room}" in decode_resp.text, \
+        (decode_resp.status_code, decode_resp.text[:400])
+    assert counters()["kv_digest_mismatches_total"] == before + 1
+    dep.wait_clean()
+    _, again, _ = dep.generate_pd(prompt, NEW_TOKENS)
+    reused = again["meta_info"]["decode_prefix_len"]
+    assert reused < len(prompt) - dep.config.page_size if cached_prefix else reused == 0, reused
+    assert_same(again, dep.generate(plain_url, prompt, NEW_TOKENS), "the caught prompt again")
 
 
 def decode_fired(dep: PDDeployment, fault: str) -> int:
@@ -330,6 +365,27 @@ def test_router_serves_same_outputs(pd_page1: PDDeployment, plain_url: str):
     for ids in _prompts(seed=7)[:8]:
         routed = pd_page1.generate(pd_page1.router.url, ids, NEW_TOKENS)
         assert routed["output_ids"] == pd_page1.generate(plain_url, ids, NEW_TOKENS)["output_ids"]
+
+
+def test_every_transferred_request_is_checked_against_prefills_kv_digest_with_a_secret(pd_page1, pd_page16, pd_nixl,
+                                                                                       plain_url: str):
+    """SGLANG_PD_KV_DIGEST=auto: on with a secret (pd_page16 mooncake, pd_nixl), off without (pd_page1). On,
+    each PD request's KV is digested by prefill and checked by decode before use (counted on both sides,
+    nothing missing or mismatched) and the outputs equal plain; off, neither side counts one."""
+    rng = random.Random(4401)
+    for dep, on in ((pd_page16, True), (pd_nixl, True), (pd_page1, False)):
+        assert kv_digest_on(dep) is on, dep.config
+        names = ("kv_digests_sent_total", "kv_digests_checked_total", "kv_digest_mismatches_total",
+                 "kv_digests_missing_total")
+        before = [dep.scheduler_state(s)["counters"] for s in (dep.prefill, dep.decodes[0])]
+        for _ in range(3):
+            prompt = _tokens(rng, 50)
+            assert_same(dep.generate_pd(prompt, NEW_TOKENS)[1], dep.generate(plain_url, prompt, NEW_TOKENS), "digest")
+        after = [dep.scheduler_state(s)["counters"] for s in (dep.prefill, dep.decodes[0])]
+        sent, checked, mismatched, missing = (after[0][names[0]] - before[0][names[0]],
+                                              *(after[1][n] - before[1][n] for n in names[1:]))
+        assert (sent, checked, mismatched, missing) == ((3, 3, 0, 0) if on else (0, 0, 0, 0)), dep.config
+        dep.wait_clean()
 
 
 def test_plugin_active_on_both_servers(pd_page1: PDDeployment):

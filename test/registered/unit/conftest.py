@@ -6,7 +6,7 @@ from array import array
 import pytest
 
 from sglang_pd.config import Settings
-from sglang_pd.srt.hooks.table import apply_ledger_hooks
+from sglang_pd.srt.hooks.ledger_hooks import apply_ledger_hooks
 from sglang_pd.srt.mem_cache.standalone import paged_tree
 from sglang_pd.srt.mem_cache import check_integrity
 

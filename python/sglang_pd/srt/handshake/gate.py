@@ -20,8 +20,9 @@ Steps, in order:
      registered peer; a room not created yet is remembered and failed when it appears).
 Prefill: a transfer info's trailing prompt-digest frame (ours, prompt_binding.py) is taken off before
 step 2 and recorded for its room once admitted; so is a registration's trailing pool-bounds frame (ours,
-pool_bounds.py), recorded for its peer (peer_book.py). SGLang never sees either; the catalogue says which
-kinds may carry each (catalogue.py), any other kind ending with one is refused.
+pool_bounds.py), recorded for its peer (peer_book.py). Decode: a transfer status's trailing KV digest frame
+(ours, kv_digest.py) is taken off and recorded for its room. SGLang never sees any of them; the catalogue
+says which kinds may carry each (catalogue.py), any other kind ending with one is refused.
 A rejection is logged once per peer (with its reason) and counted per reason (gate_tally.py); no thread ends.
 Admitted transfer infos are tracked so rooms nobody claims expire (`room_expiry.UnclaimedRooms`).
 
@@ -36,8 +37,9 @@ import time
 from typing import Callable, NamedTuple
 
 from sglang_pd.srt.auth import TRAILER_FRAMES, PeerAuth, PeerSources
-from sglang_pd.srt.wire import (AUTH_TRAILER, MAX_FRAMES, POOL_BOUNDS, PROMPT_DIGEST, MessageKind,
-                                               appended_frames, max_appended, side_appends)
+from sglang_pd.srt.wire import (AUTH_TRAILER, KV_DIGEST, MAX_FRAMES, POOL_BOUNDS, PROMPT_DIGEST, MessageKind,
+                                               ReceivedKvDigests, appended_frames, max_appended, side_appends,
+                                               split_kv_digest)
 from sglang_pd.srt.wire import FrameError, FrameLimits, Side
 from sglang_pd.srt.wire import check_message
 from sglang_pd.srt.handshake.gate_host import GateHost, registered_endpoint
@@ -62,6 +64,7 @@ class Screened(NamedTuple):
     frame_problem: str | None    # why our digest or pool-bounds frame is unreadable
     verdict: Verdict
     pool: PoolBounds | None = None  # prefill: the pool-bounds frame of a registration
+    kv_digest: bytes | None = None  # decode: the KV digest frame of a transfer status (wire/kv_digest.py)
 
 
 class HandshakeGate:
@@ -73,7 +76,8 @@ class HandshakeGate:
                  peer_idle_s: float = PEER_IDLE_S,
                  clock: Callable[[], float] = time.monotonic, capture: bool = False,
                  digests: PromptDigests | None = None, failed_rooms: RoomTombstones | None = None,
-                 sources: PeerSources | None = None, receiver: bytes = b""):
+                 sources: PeerSources | None = None, receiver: bytes = b"",
+                 kv_digests: ReceivedKvDigests | None = None):
         """`sources`: who may send at all (step 0, `refuse_source`); None: every source (unit tests of the
         later steps; the hook always passes the process's). `receiver`: this socket's advertised `host:port`,
         which a signed message must have been signed for (`receiver_name`)."""
@@ -82,6 +86,7 @@ class HandshakeGate:
         self.sources = sources
         self.failed_rooms = failed_rooms  # prefill: rooms its own request failed and cleared (room_expiry.py)
         self.digests = digests  # prefill: prompt digests of admitted transfer infos (None: frame not expected)
+        self.kv_digests = kv_digests  # decode: KV digests of admitted statuses (None: digests off, frame ignored)
         self.unclaimed, self.tombstones = unclaimed, tombstones
         # what decode (and a prefill half arriving later) is told about a room dropped as unclaimed
         self.unclaimed_reason = None if unclaimed is None else (
@@ -93,6 +98,7 @@ class HandshakeGate:
         self.tally = GateTally(limits.side.value, clock, capture)
         # the rank socket's messages that may end with our pool-bounds frame (catalogue.py)
         self._bounds_expected = side_appends(limits.backend, limits.side, POOL_BOUNDS)
+        self._kv_expected = side_appends(limits.backend, limits.side, KV_DIGEST)  # decode's statuses may end with it
 
     @property
     def counts(self) -> GateCounts:
@@ -130,12 +136,18 @@ class HandshakeGate:
                 body, pool = split_bounds(body)
             except FrameError as exc:
                 body, problem = list(body[:-1]), str(exc)
-        return Screened(msg, body, digest, problem, check_message(body, self.limits), pool)
+        kv = None
+        if self._kv_expected and problem is None:
+            try:
+                body, kv = split_kv_digest(body)
+            except FrameError as exc:
+                body, problem = list(body[:-1]), str(exc)
+        return Screened(msg, body, digest, problem, check_message(body, self.limits), pool, kv)
 
     def decide(self, screened: Screened, peer: str) -> list[bytes] | None:
         """Steps 3-4 for a screened message: room and peer state, then admit (recorded) or reject (its room
         failed). Reads and changes SGLang's room tables: run where no clear can land (the reader's hold)."""
-        msg, body, digest, frame_problem, verdict, pool = screened
+        msg, body, digest, frame_problem, verdict, pool, kv = screened
         reason = verdict.reason or self._appended_problem(screened) or self._state_problem(verdict)
         late = None if reason is not None else self._failed_here(verdict)
         reason = reason or late
@@ -146,6 +158,9 @@ class HandshakeGate:
             return None
         if verdict.kind is MessageKind.TRANSFER_INFO and self.unclaimed is not None:
             self.unclaimed.note(verdict.room, sum(map(len, body)))
+        if kv is not None and self.kv_digests is not None and verdict.kind is MessageKind.STATUS \
+                and verdict.room is not None:
+            self.kv_digests.record(verdict.room, kv)
         if verdict.kind in (MessageKind.REGISTRATION, MessageKind.TRANSFER_INFO) and verdict.peer_name is not None:
             self.peers.note_used(verdict.peer_name)
         if verdict.kind is MessageKind.REGISTRATION and verdict.peer_name is not None:
@@ -228,7 +243,8 @@ class HandshakeGate:
         verdict, problem = screened.verdict, screened.frame_problem
         allowed = appended_frames(self.limits.backend, self.limits.side, verdict.kind)
         for frame, found, what in ((PROMPT_DIGEST, screened.digest, "a prompt digest frame"),
-                                   (POOL_BOUNDS, screened.pool, "a pool bounds frame")):
+                                   (POOL_BOUNDS, screened.pool, "a pool bounds frame"),
+                                   (KV_DIGEST, screened.kv_digest, "a KV digest frame")):
             if problem is None and found is not None and frame not in allowed:
                 problem = f"{what} ends a {verdict.kind.value} message"
         return problem and f"{verdict.kind.value} for room {verdict.room}: {problem}"

@@ -16,7 +16,7 @@ from typing import Callable
 from sglang_pd.srt.auth import CurveKeys, PeerSources, derive_keys
 from sglang_pd.srt.handshake.gate import HandshakeGate
 from sglang_pd.srt.auth import PeerAuth
-from sglang_pd.srt.wire import OutgoingDigests, PromptDigests
+from sglang_pd.srt.wire import OutgoingDigests, PromptDigests, ReceivedKvDigests, SentKvDigests
 from sglang_pd.srt.handshake.room_expiry import RoomTombstones
 from sglang_pd.srt.threads import ThreadWatch
 
@@ -38,12 +38,13 @@ def load_auth(secret_file: Path | None, max_skew_s: float) -> PeerAuth | None:
 
 
 def build_peer_guard(secret_file: Path | None, max_skew_s: float, curve: bool, room_ttl_s: float,
-                     allow_remote: bool = False) -> PeerGuard:
+                     allow_remote: bool = False, kv_digest: bool = False) -> PeerGuard:
     """The guard of one process from its settings (Settings refused `curve` without a secret file, and
     `allow_remote` with one)."""
     auth = load_auth(secret_file, max_skew_s)
     return PeerGuard(auth=auth, curve=derive_keys(auth) if curve else None, room_ttl_s=room_ttl_s,
-                     sources=PeerSources(authenticated=auth is not None, allow_remote=allow_remote))
+                     sources=PeerSources(authenticated=auth is not None, allow_remote=allow_remote),
+                     kv_digest=kv_digest)
 
 
 def start_up_line(guard: "PeerGuard") -> str:
@@ -105,6 +106,9 @@ class PeerGuard:
     num_gate_errors: int = 0
     bootstrap_hold: str | None = None           # prefill: clears kept out of the bootstrap thread's handling?
     declining: set[int] = field(default_factory=set)  # prefill: rooms being answered as decode declined them
+    kv_digest: bool = False                     # SGLANG_PD_KV_DIGEST resolved (wire/kv_digest.py)
+    sent_kv: SentKvDigests = field(default_factory=SentKvDigests)  # prefill: digests awaiting their status
+    received_kv: ReceivedKvDigests = field(default_factory=ReceivedKvDigests)  # decode: digests awaiting a check
 
     def dead_threads(self) -> dict[str, str]:
         """Dead PD threads of this process (name -> role); empty when none or not watched."""
@@ -134,6 +138,7 @@ class PeerGuard:
             "bootstrap_hold": self.bootstrap_hold,
             "transfer_infos_held": self.transfer_infos_held(),
             "num_prompt_digests_sent": self.outgoing.num_sent,
+            "kv_digest": {"on": self.kv_digest, "sent": self.sent_kv.snapshot(), "received": self.received_kv.snapshot()},
         }
         if self.rooms_view is not None:
             try:

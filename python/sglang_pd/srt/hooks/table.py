@@ -154,8 +154,9 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
           " with them in running_batch")),
     *_on(f"{_DISAGG}.decode.SchedulerDisaggregationDecodeMixin", SCHED,
          ("_get_new_prebuilt_batch", "AROUND", decode_scheduler.around_get_new_prebuilt_batch,
-          "cap waiting -> running admissions at what keeps the predicted step within SGLANG_PD_ITL_TARGET_MS; tests "
-          "only: an armed kv_page_corrupt overwrites a waiting request's first transferred page (power checks)"),
+          "cap waiting -> running admissions at what keeps the predicted step within SGLANG_PD_ITL_TARGET_MS; check "
+          "transferred KV against prefill's digest before use (SGLANG_PD_KV_DIGEST); tests only: an armed "
+          "kv_page_corrupt overwrites a waiting request's first transferred page"),
          ("get_next_disagg_decode_batch_to_run", "AROUND", decode_scheduler.around_get_next_disagg_decode_batch_to_run,
           "the local extend that ran joins the running batch; the next one (capped tokens) runs inside this step's "
           "decode (one mixed forward) when requests are decoding, else alone (at most one per decode step)")),
@@ -170,6 +171,8 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
          ("add", "AFTER", prefill.after_add, "prefill: a room decode declined before this half arrived fails at once "
           "(else a 300 s bootstrap wait)")),
     *_on(f"{_DISAGG}.prefill.SchedulerDisaggregationPrefillMixin", SCHED,
+         ("send_kv_chunk", "BEFORE", prefill.before_send_kv_chunk, "SGLANG_PD_KV_DIGEST: at a room's last chunk, "
+          "digest the KV rows it sends for the room's Success status (wire/kv_digest.py)"),
          ("handle_bootstrap_failure", "AROUND", prefill.around_handle_bootstrap_failure, "prefill: a declined room "
           "answers as decode asked (200 for decode-local prefill), not as a failure"),
          ("release_aborted_prefill_waiting_req", "AFTER", prefill.after_release_aborted_waiting_req,
@@ -186,6 +189,8 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
           "transfer worker's pop of a finished room waits until the bootstrap thread is between messages)"),
          ("_connect", "AFTER", common_conn.after_manager_connect, "with SGLANG_PD_PEER_CURVE=1: check that each PUSH "
           "socket a manager made to a peer is a CURVE client"),
+         ("_encode_kv_status_message", "AFTER", common_conn.after_encode_kv_status_message, "SGLANG_PD_KV_DIGEST: a "
+          "Success status ends with the room's KV digest, signed with it (wire/kv_digest.py)"),
          ("_send_multipart_locked", "BEFORE", common_conn.before_send_multipart_locked, "sign what prefill sends "
           "decode (status, ABORT_ACK, AUX_DATA) when a secret is set"),
          ("send_kv_status_message", "AFTER", common_conn.after_send_kv_status_message, "prefill: remember which "
@@ -286,15 +291,3 @@ REGISTRY_TABLE: tuple[RegistrySpec, ...] = (  # shared-prefix decode attention (
 
 def registrations_for(kind: ProcessKind) -> tuple[RegistrySpec, ...]:
     return tuple(spec for spec in REGISTRY_TABLE if kind in spec.processes)  # read-only
-
-
-def apply_ledger_hooks() -> None:
-    """Apply the table's lock/unlock rows here, as a scheduler does (idempotent): for trees built without a
-    server (bench_admission, the unit tier), every lock is then recorded in the state's LockLedger, as in a server."""
-    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
-
-    for spec in HOOK_TABLE:
-        if spec.target.endswith((".lock", ".unlock")) and not any(
-                fn is spec.fn for _, fn, _ in HookRegistry._hooks.get(spec.target, ())):
-            HookRegistry.register(spec.target, spec.fn, HookType[spec.hook_type])
-    HookRegistry.apply_hooks()

@@ -118,6 +118,15 @@ METRICS: dict[str, tuple[str, str]] = {
                                              "this decode already holds their bootstrap room"),
     "prompt_digest_mismatches_total": ("counter", "prefill requests refused because their room's transfer info "
                                        "was sent for a different prompt (two requests share one room)"),
+    "kv_digests_sent_total": ("counter", "prefill: rooms whose Success status carried a digest of the KV sent "
+                              "(SGLANG_PD_KV_DIGEST)"),
+    "kv_digests_checked_total": ("counter", "decode: transferred requests whose KV matched prefill's digest before use"),
+    "kv_digest_mismatches_total": ("counter", "decode: transferred requests failed because their KV did not match "
+                                   "prefill's digest (pages freed, never cached)"),
+    "kv_digest_seconds_total": ("counter", "seconds this scheduler spent computing KV digests (prefill: of what it "
+                                "sent; decode: of what it received)"),
+    "kv_digests_missing_total": ("counter", "decode: transferred requests failed because no KV digest arrived while "
+                                 "SGLANG_PD_KV_DIGEST is on"),
     "unclaimed_rooms_expired_total": ("counter", "rooms whose transfer infos were dropped: no request claimed them"),
     "late_transfer_infos_refused_total": ("counter", "decode transfer infos refused: prefill's own request for the "
                                                      "room had already failed (decode told at once)"),

@@ -92,6 +92,7 @@ def _frames(module: str, names: str, optional: str = "") -> tuple[Frame, ...]:
 AUTH_TRAILER = _frames("sglang_pd.srt.auth.peer_auth", "auth magic, key id, timestamp ms, nonce, mac")
 POOL_BOUNDS = Frame("pool bounds", "sglang_pd.srt.wire.pool_bounds")
 PROMPT_DIGEST = Frame("prompt digest", "sglang_pd.srt.wire.prompt_binding")
+KV_DIGEST = Frame("KV digest", "sglang_pd.srt.wire.kv_digest")
 
 _ABORT = MessageSpec("ABORT", MessageKind.ABORT, _frames(_COMMON, "ABORT, room", "decode ip, decode port, generation"),
                      tag=b"ABORT")
@@ -145,12 +146,14 @@ _MOONCAKE_DECODE = (
     _ABORT_ACK, _STAGING_REQ, _CHUNK_READY,
     MessageSpec("AUX_DATA", MessageKind.AUX_DATA,
                 _frames(_MOONCAKE, "AUX_DATA, room, aux buffer index, aux index, data length, data"), tag=b"AUX_DATA"),
-    MessageSpec("transfer status", MessageKind.STATUS, _frames(_MOONCAKE, "room, status, prefill rank")),
+    MessageSpec("transfer status", MessageKind.STATUS, _frames(_MOONCAKE, "room, status, prefill rank"),
+                appended=(KV_DIGEST,)),
 )
 _NIXL_DECODE = (
     _ABORT_ACK, _STAGING_REQ, _CHUNK_READY,
     MessageSpec("NIXL transfer status", MessageKind.STATUS,
-                _frames(_NIXL, "KV_STATUS, room, status, prefill rank, failure reason"), tag=NIXL_STATUS_TAG),
+                _frames(_NIXL, "KV_STATUS, room, status, prefill rank, failure reason"), tag=NIXL_STATUS_TAG,
+                appended=(KV_DIGEST,)),
 )
 
 Catalogue = dict[tuple[str, Side], tuple[MessageSpec, ...]]

@@ -76,7 +76,8 @@ def _install(mgr, limits: FrameLimits, before) -> None:
     guard.gate = HandshakeGate(limits, host, guard.auth, UnclaimedRooms(ttl) if prefill else None,
                                guard.tombstones, on_count=state.counters.add, capture=state.settings.fault_injection,
                                digests=guard.digests, failed_rooms=guard.failed_rooms, sources=guard.sources,
-                               receiver=receiver_name(guard.endpoint))
+                               receiver=receiver_name(guard.endpoint),
+                               kv_digests=guard.received_kv if guard.kv_digest and not prefill else None)
     hold = prefill and reader_comes_straight_back(mgr, limits)
     mgr.server_socket = GuardedSocket.around(mgr.server_socket, guard.gate, on_error=_count_gate_error,
                                              before_admit=_injected_reader_exit, hold=hold)
@@ -123,6 +124,21 @@ def before_send_multipart_locked(mgr, endpoint, parts, is_ipv6=False):
         return None
     parts = [bytes(p) for p in parts]
     return (mgr, endpoint, parts + auth.sign_frames(parts, receiver_name(endpoint))), {"is_ipv6": is_ipv6}
+
+
+def after_encode_kv_status_message(result, mgr, *, bootstrap_room, status, failure_reason):
+    """Prefill, SGLANG_PD_KV_DIGEST on: a room's Success status ends with the digest of the KV it sent
+    (wire/kv_digest.py), before the auth trailer; a Failed one drops the room's digest."""
+    guard = current().peer_guard
+    if not guard.kv_digest:
+        return result
+    from sglang.srt.disaggregation.base.conn import KVPoll
+
+    if int(status) != int(KVPoll.Success):
+        guard.sent_kv.drop(int(bootstrap_room))
+        return result
+    frame = guard.sent_kv.frame_for(int(bootstrap_room))
+    return result if frame is None else [*result, frame]
 
 
 def after_build_receiver_registration_message(result, mgr):

@@ -1,6 +1,7 @@
 """Hooks on SGLang's `SchedulerDisaggregationDecodeMixin` (disaggregation/decode.py).
 
-    _get_new_prebuilt_batch              -> ITL-target admission cap (SloController)
+    _get_new_prebuilt_batch              -> ITL-target admission cap (SloController); transferred KV checked
+                                            against prefill's digest (SGLANG_PD_KV_DIGEST, wire/kv_digest.py)
     get_next_disagg_decode_batch_to_run  -> decode-local prefill: the last local extend joins the running
                                             batch once its result (first token) is processed; a new one
                                             runs inside this step's decode (one mixed forward) when due
@@ -22,10 +23,19 @@ logger = logging.getLogger(__name__)
 
 
 def around_get_new_prebuilt_batch(original, scheduler, running_batch):
-    """Let only the first `admission_for(...)` waiting requests join; learn TTFT from those that do.
-    (Test fault KV_PAGE_CORRUPT: a waiting request's first transferred page is overwritten first.)"""
+    """Let only the first `admission_for(...)` waiting requests join; learn TTFT from those that do. With
+    SGLANG_PD_KV_DIGEST on, each transferred request's KV is then checked against prefill's digest before
+    SGLang builds the batch or caches any of it (wire/kv_digest.py). (Test fault KV_PAGE_CORRUPT: a waiting
+    request's first transferred page is overwritten first.)"""
     if current().faults.enabled:
         _corrupt_arrived_pages(scheduler)
+    batch = _admitted_batch(original, scheduler, running_batch)
+    if batch is not None and current().peer_guard.kv_digest:
+        _check_transferred_kv(scheduler, batch)
+    return batch
+
+
+def _admitted_batch(original, scheduler, running_batch):
     slo = current().slo
     if slo.itl_target_s is None and slo.ttft_target_s is None:
         return original(scheduler, running_batch)
@@ -44,6 +54,50 @@ def around_get_new_prebuilt_batch(original, scheduler, running_batch):
     if batch is not None:
         slo.on_admitted([str(r.rid) for r in batch.reqs], time.perf_counter())
     return batch
+
+
+def _check_transferred_kv(scheduler, batch) -> None:
+    """Each request of `batch` whose KV prefill sent (once per request) is compared with the room's digest;
+    one that fails is aborted (HTTP 500 naming the room), its pages freed without entering the tree, and it
+    leaves the batch (upstream's own checksum path does the same: prepare_abort, stream, release)."""
+    from sglang_pd.srt.mem_cache import RequestKind, request_kind
+    from sglang_pd.srt.wire import kv_digest
+    from sglang_pd.srt.wire.kv_digest import pool_layers
+
+    state = current()
+    layers, failed = None, {}
+    for i, req in enumerate(batch.reqs):
+        if (req.bootstrap_room is None or getattr(req, "_sglang_pd_kv_checked", False)
+                or request_kind(req) is not RequestKind.NORMAL or state.local_prefill.record(str(req.rid)) is not None):
+            continue
+        req._sglang_pd_kv_checked = True
+        began = time.perf_counter()
+        layers = layers or pool_layers(scheduler.token_to_kv_pool_allocator.get_kvcache())
+        start, end = int(req.kv.cache_protected_len), len(req.origin_input_ids)
+        slots = scheduler.req_to_token_pool.req_to_token[req.kv.req_pool_idx, start:end].long()
+        actual = kv_digest(layers, slots)
+        state.counters.add("kv_digest_seconds_total", time.perf_counter() - began)
+        verdict = state.peer_guard.received_kv.check(int(req.bootstrap_room), actual, end - start)
+        if verdict.problem is None:
+            state.counters.add("kv_digests_checked_total")
+        else:
+            failed[i] = verdict
+    for i, verdict in failed.items():
+        _fail_unverified(scheduler, batch.reqs[i], verdict)
+    if failed:
+        batch.filter_batch(keep_indices=[i for i in range(len(batch.reqs)) if i not in failed])
+
+
+def _fail_unverified(scheduler, req, verdict) -> None:
+    from sglang.srt.disaggregation.utils import prepare_abort
+    from sglang.srt.mem_cache.common import release_kv_cache
+
+    state = current()
+    state.counters.add("kv_digests_missing_total" if verdict.missing else "kv_digest_mismatches_total")
+    logger.error("%s (request %s)", verdict.problem, req.rid)
+    prepare_abort(req, verdict.problem, status_code=HTTPStatus.INTERNAL_SERVER_ERROR)
+    scheduler.output_streamer.stream_output([req], req.return_logprob)
+    release_kv_cache(req, scheduler.tree_cache, checkpoint=False)
 
 
 def _corrupt_arrived_pages(scheduler) -> None:

@@ -10,12 +10,15 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from sglang_pd.srt.fault_injection import Fault
 from sglang_pd.srt.hooks.connection.common_conn import fail_declined_room
 from sglang_pd.srt.mem_cache import RequestKind, request_kind
 from sglang_pd.srt.mem_cache import check_for_prompt
 from sglang_pd.srt.state import current
+from sglang_pd.srt.wire import kv_digest
+from sglang_pd.srt.wire.kv_digest import pool_layers
 
 logger = logging.getLogger(__name__)
 
@@ -164,3 +167,25 @@ def _answer_declined(scheduler, req, status: int | None, message: str) -> None:
     prepare_abort(req, message, status_code=status)
     scheduler.output_streamer.stream_output([req], req.return_logprob)
     scheduler.tree_cache.finish(req.cache_request_handle, CacheRequestOutcome.ABORT)
+
+
+def before_send_kv_chunk(scheduler, req, last_chunk=False, end_idx=None):
+    """SGLANG_PD_KV_DIGEST on: at a room's last chunk, digest the KV rows prefill sends (past the
+    decode_prefix_len decode holds) for the room's Success status (wire/kv_digest.py). A digest that cannot
+    be computed is counted; decode then fails the request for a missing digest (never served unchecked)."""
+    state = current()
+    if (not state.peer_guard.kv_digest or not last_chunk or req.bootstrap_room is None
+            or request_kind(req) is not RequestKind.NORMAL):
+        return None
+    try:
+        end = end_idx if end_idx is not None else min(req.extend_end, len(req.origin_input_ids))
+        start = int(req.disagg_decode_prefix_len or 0)
+        began = time.perf_counter()
+        slots = scheduler.req_to_token_pool.req_to_token[req.kv.req_pool_idx, start:end].long()
+        digest = kv_digest(pool_layers(scheduler.token_to_kv_pool_allocator.get_kvcache()), slots)
+        state.counters.add("kv_digest_seconds_total", time.perf_counter() - began)
+        state.peer_guard.sent_kv.put(int(req.bootstrap_room), digest)
+        state.counters.add("kv_digests_sent_total")
+    except Exception:
+        state.hook_failed("send_kv_chunk", "KV digest of room %s not computed", req.bootstrap_room)
+    return None
