@@ -413,8 +413,8 @@ def test_on_cpu_every_server_starts_its_children_from_a_forkserver_and_they_run_
         tree = descendants(server.proc.pid)
         forkservers = [e for e in tree if "multiprocessing.forkserver" in e.cmdline]
         assert len(forkservers) == 1 and forkservers[0].ppid == server.proc.pid, (server.name, tree)
-        children = {e.comm: e.ppid for e in tree if e.comm.startswith("sglang::")}
-        assert children == {"sglang::scheduler": forkservers[0].pid, "sglang::detokenizer": forkservers[0].pid}, \
+        children = {e.comm: e.ppid for e in tree if e.comm.startswith("sglang::")}  # comm: 15 characters
+        assert children == {"sglang::schedul": forkservers[0].pid, "sglang::detoken": forkservers[0].pid}, \
             (server.name, tree)
         assert scheduler_rows <= set(info["scheduler_hooks"][0]), server.name
         assert not any("http_server" in hook for hook in info["scheduler_hooks"][0]), server.name

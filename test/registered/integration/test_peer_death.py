@@ -2,11 +2,15 @@
 
 - Decode killed (SIGKILL) while prefill holds requests for it: prefill fails them and ends idle with
   nothing leaked, keeps serving, and pairs with the decode server once it is back.
+- A child's crash signal (SIGQUIT, as SGLang's scheduler sends its parent on an exception) sent to decode's
+  forkserver ends all of decode; prefill stays up.
 - Shutdown under load (SIGTERM to both): each exits within the grace period on its own and every
   client request ends (answered or refused), none hangs.
 """
 
+import os
 import random
+import signal
 import time
 
 import pytest
@@ -14,6 +18,7 @@ import pytest
 from conftest import LOG_ROOT, WAITING_TIMEOUT_S
 from lock_checks import in_background
 from sglang_pd.harness import DeploymentConfig, PDDeployment
+from sglang_pd.harness.server import descendants, group_pids
 from sglang_pd.models import VOCAB_SIZE
 
 pytestmark = pytest.mark.integration
@@ -61,6 +66,28 @@ def test_decode_killed_under_load_leaves_prefill_clean(pd_mortal: PDDeployment):
     dep.restart(dep.decodes[0], time.monotonic() + 300)
     prompt = [random.Random(2).randrange(3, VOCAB_SIZE) for _ in range(40)]
     _, decoded, _ = dep.generate_pd(prompt, 8)
+    assert len(decoded["output_ids"]) == 8
+    dep.wait_clean()
+
+
+def test_a_childs_crash_signal_through_the_forkserver_ends_the_whole_server(pd_mortal: PDDeployment):
+    """On CPU the scheduler's parent is the forkserver (srt/processes/start_method.py), so the SIGQUIT SGLang's
+    scheduler sends its parent when it hits an exception lands there, not on the server: the forkserver ends,
+    its children die with it (SGLang sets their parent-death signal), SGLang's subprocess watchdog sees the
+    scheduler gone and ends the server. Here that SIGQUIT is sent to decode's forkserver: every process of decode
+    is gone within 30 s; prefill stays up and, with decode restarted, the pair serves again."""
+    dep = pd_mortal
+    decode = dep.decodes[0]
+    forkservers = [e for e in descendants(decode.proc.pid) if "multiprocessing.forkserver" in e.cmdline]
+    assert len(forkservers) == 1, descendants(decode.proc.pid)
+    os.kill(forkservers[0].pid, signal.SIGQUIT)
+    deadline = time.monotonic() + 30
+    while decode.proc.poll() is None or group_pids(decode.proc.pid):
+        assert time.monotonic() < deadline, f"decode still running: {group_pids(decode.proc.pid)}"
+        time.sleep(0.2)
+    assert dep.prefill.is_running(), "prefill went down with decode"
+    dep.restart(decode, time.monotonic() + 300)
+    _, decoded, _ = dep.generate_pd([random.Random(3).randrange(3, VOCAB_SIZE) for _ in range(40)], 8)
     assert len(decoded["output_ids"]) == 8
     dep.wait_clean()
 
