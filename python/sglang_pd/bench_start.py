@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -76,7 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=2, help="rounds; each starts one pair per method")
     parser.add_argument("--out", type=Path, default=Path("bench_start.json"))
     args = parser.parse_args(argv)
-    logs = args.out.parent / "bench_start_logs"
+    logs = Path(tempfile.mkdtemp(prefix="bench_start-"))
+    print(f"server logs: {logs}", flush=True)
     runs = []
     for i in range(args.repeats):
         order = list(METHODS) if i % 2 == 0 else list(reversed(METHODS))

@@ -224,7 +224,8 @@ SETTINGS: tuple[Setting, ...] = (
     # How SGLang's subprocesses start (srt/processes/start_method.py).
     Setting(CPU_FORKSERVER, "cpu_forkserver", "1",
             "every server on --device cpu: 1 (default) starts SGLang's scheduler and detokenizer processes from a "
-            "forkserver that imported them once (a third less CPU per server start); 0 keeps upstream's spawn. "
+            "forkserver that imported them once (a PD pair: 30% less CPU to start here, docs/start_up.md); 0 keeps "
+            "upstream's spawn. "
             "Never on other devices, nor with --enable-memory-saver or --numa-node", _flag),
     # Hostile requests (srt/http/request_checks.py).
     Setting(MAX_PARALLEL_SAMPLES, "max_parallel_samples", "128",
