@@ -62,6 +62,19 @@ class FrameError(ValueError):
     """A frame that a well-behaved peer never sends; the message says which field and why."""
 
 
+def split_marked_frame(frames: list[bytes], marker: bytes, num_bytes: int,
+                       what: str) -> tuple[list[bytes], bytes | None]:
+    """(frames without a trailing `marker` + `num_bytes` frame of ours, its payload or None when the last frame
+    is not ours). Raises FrameError naming `what` when the last frame starts with `marker` but has another
+    length. Read-only."""
+    if not frames or bytes(frames[-1][:len(marker)]) != marker:
+        return frames, None
+    last = bytes(frames[-1])
+    if len(last) != len(marker) + num_bytes:
+        raise FrameError(f"{what} frame has {len(last) - len(marker)} digest bytes, not {num_bytes}")
+    return list(frames[:-1]), last[len(marker):]
+
+
 class IndexSpan(NamedTuple):
     """The first and the largest index of one non-empty index list."""
 

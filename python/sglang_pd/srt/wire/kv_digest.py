@@ -21,7 +21,7 @@ still catches accidental corruption, not a forger). The digest range matches ups
 
 Pure Python + torch/hashlib; no SGLang import. Thread-safety: `SentKvDigests.put` runs on prefill's
 scheduler thread and `frame_for` on whichever thread sends the status; `ReceivedKvDigests.record` on
-decode's rank-socket reader, `take` on its scheduler thread; each table has one lock.
+decode's rank-socket reader, `check` on its scheduler thread; each table has one lock.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ import threading
 from collections import OrderedDict
 from typing import Iterable, NamedTuple
 
-from sglang_pd.srt.wire.fields import FrameError
+from sglang_pd.srt.wire.fields import split_marked_frame
 
 DIGEST_MARKER = b"sglang_pd:kv-blake2b/16:"
 DIGEST_BYTES = 16
@@ -66,12 +66,7 @@ def digest_frame(digest: bytes) -> bytes:
 def split_kv_digest(frames: list[bytes]) -> tuple[list[bytes], bytes | None]:
     """(frames without a trailing KV digest frame, its digest or None). Raises FrameError when the last
     frame is ours but not DIGEST_MARKER + 16 bytes."""
-    if not frames or bytes(frames[-1][:len(DIGEST_MARKER)]) != DIGEST_MARKER:
-        return frames, None
-    last = bytes(frames[-1])
-    if len(last) != len(DIGEST_MARKER) + DIGEST_BYTES:
-        raise FrameError(f"KV digest frame has {len(last) - len(DIGEST_MARKER)} digest bytes, not {DIGEST_BYTES}")
-    return list(frames[:-1]), last[len(DIGEST_MARKER):]
+    return split_marked_frame(frames, DIGEST_MARKER, DIGEST_BYTES, "KV digest")
 
 
 class _RoomTable:
@@ -158,10 +153,6 @@ class ReceivedKvDigests(_RoomTable):
                                  f"holds are not the ones prefill sent (expected {expected.hex()}, got {actual.hex()})")
         self.num_matched += 1
         return KvCheck(room, None)
-
-    def forget(self, room: int) -> None:
-        """A room whose request ended before its check (aborted, failed): drop its digest."""
-        self._pop(room)
 
     def snapshot(self) -> dict:
         return {"num_recorded": self.num_recorded, "num_matched": self.num_matched,

@@ -34,7 +34,7 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from sglang_pd.srt.wire.fields import FrameError
+from sglang_pd.srt.wire.fields import split_marked_frame
 
 DIGEST_MARKER = b"sglang_pd:prompt-sha256/16:"
 DIGEST_BYTES = 16
@@ -54,12 +54,7 @@ def digest_frame(digest: bytes) -> bytes:
 def split_digest(frames: list[bytes]) -> tuple[list[bytes], bytes | None]:
     """(frames without a trailing digest frame, its digest or None). Raises FrameError when the last
     frame is ours but not DIGEST_MARKER + 16 bytes."""
-    if not frames or bytes(frames[-1][:len(DIGEST_MARKER)]) != DIGEST_MARKER:
-        return frames, None
-    last = bytes(frames[-1])
-    if len(last) != len(DIGEST_MARKER) + DIGEST_BYTES:
-        raise FrameError(f"prompt digest frame has {len(last) - len(DIGEST_MARKER)} digest bytes, not {DIGEST_BYTES}")
-    return list(frames[:-1]), last[len(DIGEST_MARKER):]
+    return split_marked_frame(frames, DIGEST_MARKER, DIGEST_BYTES, "prompt digest")
 
 
 class PromptDigests:

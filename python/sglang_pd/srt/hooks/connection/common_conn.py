@@ -138,7 +138,10 @@ def after_encode_kv_status_message(result, mgr, *, bootstrap_room, status, failu
         guard.sent_kv.drop(int(bootstrap_room))
         return result
     frame = guard.sent_kv.frame_for(int(bootstrap_room))
-    return result if frame is None else [*result, frame]
+    if frame is None:
+        return result
+    current().counters.add("kv_digests_sent_total")
+    return [*result, frame]
 
 
 def after_build_receiver_registration_message(result, mgr):

@@ -185,7 +185,6 @@ def before_send_kv_chunk(scheduler, req, last_chunk=False, end_idx=None):
         digest = kv_digest(pool_layers(scheduler.token_to_kv_pool_allocator.get_kvcache()), slots)
         state.counters.add("kv_digest_seconds_total", time.perf_counter() - began)
         state.peer_guard.sent_kv.put(int(req.bootstrap_room), digest)
-        state.counters.add("kv_digests_sent_total")
     except Exception:
         state.hook_failed("send_kv_chunk", "KV digest of room %s not computed", req.bootstrap_room)
     return None
