@@ -138,10 +138,13 @@ def bench_http(auth: PeerAuth | None, num: int) -> dict:
 
     from sglang_pd.harness.server import free_port
 
+    from sglang_pd.srt.auth import BootstrapAddresses
+
     guard = current().peer_guard
     guard.auth = auth
     server = CommonKVBootstrapServer("127.0.0.1", free_port())
     url = f"http://127.0.0.1:{server.port}"
+    guard.bootstrap_addresses = BootstrapAddresses([("127.0.0.1", server.port)])  # as prefill signs for its own
     session = requests.Session()
     rank = {"attn_tp_size": 1, "attn_tp_rank": 0, "attn_cp_size": 1, "attn_cp_rank": 0, "attn_dp_size": 1,
             "attn_dp_rank": 0, "pp_size": 1, "pp_rank": 0, "system_dp_size": 1, "system_dp_rank": 0,
@@ -149,12 +152,17 @@ def bench_http(auth: PeerAuth | None, num: int) -> dict:
     deadline = time.monotonic() + 30
     while True:
         try:
-            if session.put(url + "/route", json=rank, timeout=5).status_code == 200:
+            status = session.put(url + "/route", json=rank, timeout=5).status_code
+            if status == 200:
                 break
         except requests.ConnectionError:
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.05)
+            continue
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the benchmark's bootstrap server answered PUT /route with {status} for 30 s")
+        time.sleep(0.05)
     query = url + "/route?prefill_dp_rank=0&prefill_cp_rank=0&target_tp_rank=0&target_pp_rank=0"
     lat = []
     for i in range(num + 20):
@@ -164,7 +172,7 @@ def bench_http(auth: PeerAuth | None, num: int) -> dict:
             lat.append((time.perf_counter() - t0) * 1e3)
         assert resp.status_code == 200, resp.text
     server.close()
-    guard.auth = None
+    guard.auth, guard.bootstrap_addresses = None, BootstrapAddresses()
     return {"median_ms": statistics.median(lat), "p99_ms": _pct(lat, 0.99), "num": num}
 
 

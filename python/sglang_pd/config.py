@@ -34,6 +34,7 @@ MAX_PEER_AUTH_SKEW_S = 120.0
 PEER_CURVE = f"{PREFIX}PEER_CURVE"
 KV_DIGEST = f"{PREFIX}KV_DIGEST"
 ALLOW_UNAUTHENTICATED_REMOTE_PEERS = f"{PREFIX}ALLOW_UNAUTHENTICATED_REMOTE_PEERS"
+BOOTSTRAP_ADDRESSES = f"{PREFIX}BOOTSTRAP_ADDRESSES"
 UNCLAIMED_ROOM_TTL_S = f"{PREFIX}UNCLAIMED_ROOM_TTL_S"
 IDLE_WAIT_US = f"{PREFIX}IDLE_WAIT_US"
 TRANSFER_WORKER_NICE = f"{PREFIX}TRANSFER_WORKER_NICE"
@@ -125,6 +126,29 @@ def _folder(value: str) -> Path:
     return Path(value)
 
 
+def _host_ports(value: str) -> tuple[tuple[str, int | None], ...]:
+    """A comma-separated list of `host` or `host:port` (IPv6 in brackets: `[::1]:8998`); empty means none."""
+    entries = []
+    for item in (part.strip() for part in value.split(",")):
+        if not item:
+            continue
+        host, port = item, None
+        if item.startswith("["):
+            host, _, rest = item[1:].partition("]")
+            if rest:
+                if not rest.startswith(":"):
+                    raise ValueError(f"entry {item!r} is not host or host:port")
+                port = rest[1:]
+        elif item.count(":") == 1:
+            host, port = item.split(":")
+        if not host or any(c.isspace() or c in "/@?#" for c in host):
+            raise ValueError(f"entry {item!r} is not host or host:port")
+        if port is not None and not (port.isdigit() and 1 <= int(port) <= 65535):
+            raise ValueError(f"entry {item!r} has a port outside [1, 65535]")
+        entries.append((host, None if port is None else int(port)))
+    return tuple(entries)
+
+
 def _secret_file(value: str) -> Path:
     """A private file of strong keys (secret_file.read_keys); the message names the path, never the content."""
     try:
@@ -189,6 +213,11 @@ SETTINGS: tuple[Setting, ...] = (
             f"{PEER_SECRET_FILE} (upstream's behaviour; a warning at start-up and in /sglang_pd/info). 0 (default): "
             "without a secret, messages from any source address but this host's own are refused unread, counted "
             "and logged once per source", _flag),
+    Setting(BOOTSTRAP_ADDRESSES, "bootstrap_addresses", "",
+            f"decode with {PEER_SECRET_FILE} (required there): the prefill bootstrap servers it signs bootstrap "
+            "requests for, comma-separated `host` (any port) or `host:port`; a request naming another address is "
+            "refused (HTTP 400) and never signed. Prefill signs for its own bootstrap server without it. No "
+            "meaning without a secret (docs/security.md)", _host_ports),
     Setting(PEER_CURVE, "peer_curve", "0",
             f"1: the PD rank sockets speak ZMQ CURVE with a key pair derived from {PEER_SECRET_FILE} (required): a "
             "peer without the secret cannot send a single frame (libzmq buffers an unfinished multipart message "
@@ -259,6 +288,7 @@ class Settings:
     peer_curve: bool = False
     kv_digest: str = "auto"
     allow_unauthenticated_remote_peers: bool = False
+    bootstrap_addresses: tuple[tuple[str, int | None], ...] = ()
     unclaimed_room_ttl_s: float = 120.0
     idle_wait_us: int = 500
     transfer_worker_nice: int = 19
@@ -315,6 +345,9 @@ def _conflicts(values: dict[str, Any], env: Mapping[str, str]) -> list[str]:
     if values.get("peer_secret_file") and values.get("allow_unauthenticated_remote_peers"):
         problems.append(f"{ALLOW_UNAUTHENTICATED_REMOTE_PEERS}=1 has no meaning with {PEER_SECRET_FILE}: with a secret "
                         "every host may talk and the MAC decides; unset one of them")
+    if values.get("bootstrap_addresses") and not values.get("peer_secret_file"):
+        problems.append(f"{BOOTSTRAP_ADDRESSES} has no meaning without {PEER_SECRET_FILE}: it lists the addresses a "
+                        "decode signs bootstrap requests for, and without a secret nothing is signed; unset it")
     threshold = values.get("local_prefill_tokens", 0)
     step = values.get("local_prefill_step_tokens", Settings.local_prefill_step_tokens)
     if threshold > step:

@@ -18,7 +18,7 @@ from sglang_pd.harness.deployment_requests import DeploymentRequests
 from sglang_pd.harness.server import ServerProcess, ServerStartError, free_port, wait_healthy_rebinding
 from sglang_pd.launch_router import auth_headers, wait_registered
 from sglang_pd.models import DEFAULT_MODEL, ensure_model_dir, is_real_model
-from sglang_pd.config import ENABLE_FAULT_INJECTION
+from sglang_pd.config import BOOTSTRAP_ADDRESSES, ENABLE_FAULT_INJECTION, PEER_SECRET_FILE
 
 TRANSFER_BACKENDS = ("mooncake_tcp", "nixl")
 # SGLang loads only the entry-point plugins SGLANG_PLUGINS names (when it is set); no plugin is called
@@ -102,6 +102,8 @@ class PDDeployment(DeploymentRequests):
         if config.fault_injection:
             self.env[ENABLE_FAULT_INJECTION] = "1"
         self.env.update(dict(config.env_overrides))
+        if self.env.get(PEER_SECRET_FILE) and BOOTSTRAP_ADDRESSES not in self.env:
+            self.env[BOOTSTRAP_ADDRESSES] = "127.0.0.1"  # every prefill here binds there (ports may move: any port)
         if not config.plugin:
             self.env.update([NO_PLUGINS_ENV])
         place = config.cpu_placement

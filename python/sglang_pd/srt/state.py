@@ -175,7 +175,7 @@ def build_state(kind: ProcessKind, settings: Settings) -> ProcessState:
         shared_attention=SharedAttentionStats(counters),
         peer_guard=build_peer_guard(settings.peer_secret_file, settings.peer_auth_max_skew_s, settings.peer_curve,
                                     settings.unclaimed_room_ttl_s, settings.allow_unauthenticated_remote_peers,
-                                    settings.kv_digest_on),
+                                    settings.kv_digest_on, settings.bootstrap_addresses),
         idle_wait=IdleWait(settings.idle_wait_us / 1e6, counters),
         transfer_worker_priority=TransferWorkerPriority(settings.transfer_worker_nice, counters),
         helper_threads=HelperThreadPolicy(settings.helper_threads_batch, counters),

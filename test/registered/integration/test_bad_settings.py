@@ -35,6 +35,24 @@ def test_server_refuses_to_start_on_a_bad_setting(tmp_path):
     assert "Uvicorn running" not in proc.stderr and "Load weight" not in proc.stderr
 
 
+def test_a_decode_with_a_secret_and_no_bootstrap_addresses_refuses_to_start(tmp_path):
+    """With a peer secret a decode signs bootstrap requests only for SGLANG_PD_BOOTSTRAP_ADDRESSES
+    (srt/auth/bootstrap_addresses.py); empty, it could pair with no prefill: it stops before any subprocess."""
+    shared_secret = tmp_path / "peer_secret"
+    shared_secret.write_text(secrets.token_hex(32) + "\n")
+    shared_secret.chmod(0o600)
+    env = dict(server_env(), SGLANG_PD_PEER_SECRET_FILE=str(shared_secret))
+    env.pop("SGLANG_PD_BOOTSTRAP_ADDRESSES", None)
+    argv = [sys.executable, "-m", "sglang.launch_server", "--model-path", str(ensure_model_dir("tiny")),
+            "--load-format", "dummy", "--skip-tokenizer-init", "--host", "127.0.0.1", "--port", str(free_port()),
+            "--disaggregation-mode", "decode", "--disaggregation-decode-enable-radix-cache"]
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=180)
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("[sglang_pd] refusing to start")]
+    assert len(lines) == 1 and "SGLANG_PD_BOOTSTRAP_ADDRESSES" in lines[0] and "is empty" in lines[0], proc.stderr[-3000:]
+    assert "subprocesses start by" not in proc.stderr and "Load weight" not in proc.stderr
+
+
 def test_shared_prefix_backend_refuses_to_start_without_a_c_compiler():
     """--attention-backend sglang_pd_shared_prefix builds its own-part C kernel at start-up: with no
     compiler (CC pointing nowhere) the server stops with one error naming the kernel and the command,

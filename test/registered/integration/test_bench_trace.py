@@ -15,7 +15,7 @@ pytestmark = pytest.mark.integration
 def test_bench_trace_replays_a_generated_trace_through_the_router(tmp_path):
     trace = tmp_path / "trace.jsonl"
     subprocess.run([sys.executable, "-m", "sglang_pd.bench.trace_gen", "--out", str(trace), "--conversations", "5",
-                    "--turns", "4", "--output-max", "256", "--seed", "1"], check=True, timeout=60)
+                    "--turns", "4", "--output-max", "64", "--seed", "1"], check=True, timeout=60)
     cmd = [sys.executable, "-m", "sglang_pd.bench_trace", "--trace", str(trace), "--configs", "on", "--model", "tiny",
            "--speedup", "4", "--ttft-target-ms", "5000", "--sla-search", "--sla-ttft-p95-ms", "5000",
            "--sla-probes", "2", "--no-progress", "--out-dir", str(tmp_path)]

@@ -235,6 +235,40 @@ def test_a_signed_message_replayed_to_another_server_is_refused(pd_page16: PDDep
           f"for 2 other servers -> 401 wrong_receiver")
 
 
+def test_a_decode_with_a_secret_signs_for_no_address_it_was_not_given(pd_page16: PDDeployment):
+    """SGLANG_PD_BOOTSTRAP_ADDRESSES (srt/auth/bootstrap_addresses.py): the harness lists 127.0.0.1 (any port) on
+    the authenticated pair. A client naming 127.0.0.2 as its bootstrap host, where a socket of this test listens,
+    gets HTTP 400 naming the address and the setting, and that socket is never contacted: decode made no signed
+    request to replay. Prefill signs for its own bootstrap server by itself. The pair keeps serving."""
+    import socket
+
+    dep = pd_page16
+    assert dep.env["SGLANG_PD_BOOTSTRAP_ADDRESSES"] == "127.0.0.1"
+    listener = socket.socket()
+    listener.bind(("127.0.0.2", 0))
+    listener.listen(8)
+    listener.settimeout(3.0)
+    port = listener.getsockname()[1]
+    try:
+        pairing = {"bootstrap_host": "127.0.0.2", "bootstrap_port": port,
+                   "bootstrap_room": new_bootstrap_room(random.Random(10))}
+        refused = dep.post_generate(dep.decodes[0].url, _prompt(10), 8, 60, dep.headers, **pairing)
+        assert refused.status_code == 400, (refused.status_code, refused.text[:500])
+        assert f"bootstrap address 127.0.0.2:{port} is not one this server signs for" in refused.text, refused.text
+        assert "SGLANG_PD_BOOTSTRAP_ADDRESSES (127.0.0.1)" in refused.text, refused.text
+        with pytest.raises(socket.timeout):
+            listener.accept()
+    finally:
+        listener.close()
+    decode_view = handshake_view(dep, dep.decodes[0])["bootstrap_addresses"]
+    prefill_view = handshake_view(dep, dep.prefill)["bootstrap_addresses"]
+    assert decode_view["configured"] == "127.0.0.1" and decode_view["refused"] == {}, decode_view
+    assert f"127.0.0.1:{dep.bootstrap_port}" in prefill_view["own"], prefill_view
+    dep.generate_pd(_prompt(11), 8)
+    print(f"UNLISTED BOOTSTRAP ADDRESS: 127.0.0.2:{port} -> {refused.status_code}, 0 connections to it; decode "
+          f"signs for {decode_view['configured']}, prefill for its own {prefill_view['own'][:3]}...")
+
+
 def test_control_without_the_secret_the_impostor_takes_the_kv(pd_page1: PDDeployment):
     """The same impostor against a pair without SGLANG_PD_PEER_SECRET_FILE, from this host (127.0.0.1): the
     no-secret default admits this host's own processes, so upstream's trust model still holds for them."""

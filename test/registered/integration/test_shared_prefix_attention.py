@@ -131,13 +131,19 @@ def test_partials_averaged_instead_of_merged_change_the_grouped_outputs(pd: PDDe
     pd.generate_pd(system + _tokens(rng, 3), 1)
     prompts = [system + _tokens(rng, 5 + 3 * i) for i in range(NUM_CLIENTS)]
     fired = lambda: pd.scheduler_state(pd.decodes[0])["faults"]["fired"].get("shared_merge_average", 0)  # noqa: E731
-    before = fired()
-    pd.arm_faults(pd.decodes[0], shared_merge_average=10**6)  # every grouped forward until disarmed
-    try:
-        broken = _concurrent_pd(pd, prompts, [NEW_TOKENS] * NUM_CLIENTS)
-    finally:
-        pd.arm_faults(pd.decodes[0], shared_merge_average=0)
-    assert fired() - before >= NEW_TOKENS // 2, "the requests decoded grouped while the fault was armed"
+    # The group forms only while all 6 decode side by side (480 shared tokens x 5 saved reads >= the backend's
+    # threshold); when their transfers land staggered it forms for fewer steps: send a fresh batch (at most 3).
+    for attempt in range(3):
+        before = fired()
+        pd.arm_faults(pd.decodes[0], shared_merge_average=10**6)  # every grouped forward until disarmed
+        try:
+            broken = _concurrent_pd(pd, prompts, [NEW_TOKENS] * NUM_CLIENTS)
+        finally:
+            pd.arm_faults(pd.decodes[0], shared_merge_average=0)
+        if fired() - before >= NEW_TOKENS // 2:
+            break
+        prompts = [system + _tokens(rng, 5 + 3 * i) for i in range(NUM_CLIENTS)]
+    assert fired() - before >= NEW_TOKENS // 2, f"the requests decoded grouped while the fault was armed ({attempt + 1} tries)"
     for body, prompt in zip(broken, prompts):
         assert_differs(body, pd.generate(pd.plain.url, prompt, NEW_TOKENS), "partials averaged")
     again = [system + _tokens(rng, 6 + 3 * i) for i in range(NUM_CLIENTS)]

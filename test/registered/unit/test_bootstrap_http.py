@@ -20,7 +20,7 @@ from sglang_pd.harness.server import free_port
 from sglang_pd.srt.hooks.table import HOOK_TABLE
 from sglang_pd.srt.state import current
 from sglang_pd.srt.http.bootstrap_checks import names_this_server, route_put_problem
-from sglang_pd.srt.auth import HTTP_HEADER, PeerAuth, PeerSources
+from sglang_pd.srt.auth import HTTP_HEADER, BootstrapAddresses, PeerAuth, PeerSources
 from sglang_pd.srt.handshake.peer_defenses import HttpGuardCounts
 
 pytestmark = pytest.mark.unit
@@ -48,6 +48,7 @@ def server(hooks_applied, request):
     current().peer_guard.auth = PeerAuth([KEY]) if request.param else None
     current().peer_guard.sources = PeerSources(authenticated=bool(request.param), allow_remote=False)
     current().peer_guard.http = HttpGuardCounts()
+    current().peer_guard.bootstrap_addresses = BootstrapAddresses([("127.0.0.1", None)])  # the hook signs for it
     srv = CommonKVBootstrapServer("127.0.0.1", free_port())
     url = f"http://127.0.0.1:{srv.port}"
     deadline = time.monotonic() + 10
@@ -160,9 +161,12 @@ def test_with_auth_a_signed_registration_may_move_a_rank_and_the_mac_decides_for
 
 
 class _FakeBootstrap(http.server.BaseHTTPRequestHandler):
-    """A fake bootstrap server steering decode to an attacker's 'prefill rank'."""
+    """A fake bootstrap server steering decode to an attacker's 'prefill rank'; keeps each request's auth header."""
+
+    seen: list = []
 
     def do_GET(self):
+        _FakeBootstrap.seen.append((self.path, self.headers.get(HTTP_HEADER)))
         body = json.dumps({"rank_ip": "6.6.6.6", "rank_port": 6666}).encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body)))
@@ -177,6 +181,7 @@ def test_an_untagged_answer_is_a_401_to_sglang(hooks_applied):
     fake = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeBootstrap)
     threading.Thread(target=fake.serve_forever, daemon=True).start()
     current().peer_guard.auth = PeerAuth([KEY])
+    current().peer_guard.bootstrap_addresses = BootstrapAddresses([("127.0.0.1", fake.server_address[1])])
     try:
         url = f"http://127.0.0.1:{fake.server_address[1]}/route?prefill_dp_rank=0&prefill_cp_rank=0"
         got = requests.get(url, timeout=5)
@@ -184,6 +189,42 @@ def test_an_untagged_answer_is_a_401_to_sglang(hooks_applied):
         assert requests.get(f"http://127.0.0.1:{fake.server_address[1]}/other", timeout=5).status_code == 200
     finally:
         current().peer_guard.auth = None
+        fake.shutdown()
+
+
+def test_with_auth_a_bootstrap_request_to_an_unlisted_address_is_never_sent(hooks_applied):
+    """SGLang's own call to a bootstrap address outside SGLANG_PD_BOOTSTRAP_ADDRESSES: nothing reaches that
+    address (no signed request to replay), SGLang reads a 403 naming the setting, counted per address;
+    a listed host (any port), a listed host:port and prefill's own address are signed and sent."""
+    fake = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeBootstrap)
+    threading.Thread(target=fake.serve_forever, daemon=True).start()
+    port = fake.server_address[1]
+    route = f"http://127.0.0.1:{port}/route?prefill_dp_rank=0&prefill_cp_rank=0"
+    guard = current().peer_guard
+    guard.auth = PeerAuth([KEY])
+    _FakeBootstrap.seen = []
+    try:
+        guard.bootstrap_addresses = BootstrapAddresses([("10.0.0.5", None), ("127.0.0.1", port + 1)])
+        for _ in range(2):
+            got = requests.get(route, timeout=5)
+            assert got.status_code == 403, got.status_code
+            assert f"bootstrap address 127.0.0.1:{port} is not one this server signs for" in got.text
+            assert "SGLANG_PD_BOOTSTRAP_ADDRESSES (10.0.0.5, 127.0.0.1:" in got.text, got.text
+        assert _FakeBootstrap.seen == []                                          # nothing left this process
+        assert current().counters.get("bootstrap_addresses_refused_total") == 2
+        assert guard.bootstrap_addresses.snapshot()["refused"] == {f"127.0.0.1:{port}": 2}
+        assert requests.get(f"http://127.0.0.1:{port}/other", timeout=5).status_code == 200  # not a bootstrap path
+        for allowed in (BootstrapAddresses([("127.0.0.1", None)]), BootstrapAddresses([("127.0.0.1", port)])):
+            guard.bootstrap_addresses = allowed
+            assert requests.get(route, timeout=5).status_code == 401              # sent, signed; answer untagged
+        own = BootstrapAddresses()
+        own.add_own(["127.0.0.1"], port)                                          # prefill's own bootstrap server
+        guard.bootstrap_addresses = own
+        assert requests.get(route, timeout=5).status_code == 401
+        routes = [header for path, header in _FakeBootstrap.seen if path.startswith("/route")]
+        assert len(routes) == 3 and all(routes), _FakeBootstrap.seen
+    finally:
+        guard.auth = None
         fake.shutdown()
 
 

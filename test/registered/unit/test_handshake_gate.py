@@ -551,13 +551,14 @@ def test_with_a_secret_a_kv_manager_whose_socket_cannot_be_guarded_is_refused_be
     mgr = AscendKVManager.__new__(AscendKVManager)
     args = SimpleNamespace(kv_data_lens=[1 << 20], kv_item_lens=[4096], aux_item_lens=[], aux_data_lens=[], page_size=1)
     original = lambda *a: built.append(a)  # noqa: E731  (what SGLang's __init__ would build)
+    server_args = SimpleNamespace(host="127.0.0.1", disaggregation_bootstrap_port=8998, dist_init_addr=None)
     assert pd_state.peer_guard.auth is None
     with caplog.at_level(logging.WARNING, logger="sglang_pd.srt.hooks.connection.common_conn"):
-        common_conn.around_manager_init(original, mgr, args, DisaggregationMode.PREFILL, None)
+        common_conn.around_manager_init(original, mgr, args, DisaggregationMode.PREFILL, server_args)
     assert len(built) == 1 and "AscendKVManager rank socket is not guarded" in caplog.text
     pd_state.peer_guard.auth = PeerAuth([KEY])
     with pytest.raises(RuntimeError, match=r"SGLANG_PD_PEER_SECRET_FILE is set, but the rank socket of AscendKVManager"):
-        common_conn.around_manager_init(original, mgr, args, DisaggregationMode.DECODE, None)
+        common_conn.around_manager_init(original, mgr, args, DisaggregationMode.DECODE, server_args)
     assert len(built) == 1  # not built
 
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from sglang_pd.srt.auth import CurveKeys, PeerSources, derive_keys
+from sglang_pd.srt.auth import BootstrapAddresses, CurveKeys, PeerSources, derive_keys
 from sglang_pd.srt.handshake.gate import HandshakeGate
 from sglang_pd.srt.auth import PeerAuth
 from sglang_pd.srt.wire import OutgoingDigests, PromptDigests, ReceivedKvDigests, SentKvDigests
@@ -38,13 +38,15 @@ def load_auth(secret_file: Path | None, max_skew_s: float) -> PeerAuth | None:
 
 
 def build_peer_guard(secret_file: Path | None, max_skew_s: float, curve: bool, room_ttl_s: float,
-                     allow_remote: bool = False, kv_digest: bool = False) -> PeerGuard:
-    """The guard of one process from its settings (Settings refused `curve` without a secret file, and
-    `allow_remote` with one)."""
+                     allow_remote: bool = False, kv_digest: bool = False,
+                     bootstrap_addresses: tuple = ()) -> PeerGuard:
+    """The guard of one process from its settings (Settings refused `curve` and `bootstrap_addresses` without a
+    secret file, and `allow_remote` with one)."""
     auth = load_auth(secret_file, max_skew_s)
     return PeerGuard(auth=auth, curve=derive_keys(auth) if curve else None, room_ttl_s=room_ttl_s,
                      sources=PeerSources(authenticated=auth is not None, allow_remote=allow_remote),
-                     kv_digest=kv_digest)
+                     kv_digest=kv_digest,
+                     bootstrap_addresses=BootstrapAddresses(bootstrap_addresses))
 
 
 def start_up_line(guard: "PeerGuard") -> str:
@@ -109,6 +111,7 @@ class PeerGuard:
     kv_digest: bool = False                     # SGLANG_PD_KV_DIGEST resolved (wire/kv_digest.py)
     sent_kv: SentKvDigests = field(default_factory=SentKvDigests)  # prefill: digests awaiting their status
     received_kv: ReceivedKvDigests = field(default_factory=ReceivedKvDigests)  # decode: digests awaiting a check
+    bootstrap_addresses: BootstrapAddresses = field(default_factory=BootstrapAddresses)  # signed for (secret)
 
     def dead_threads(self) -> dict[str, str]:
         """Dead PD threads of this process (name -> role); empty when none or not watched."""
@@ -138,6 +141,7 @@ class PeerGuard:
             "bootstrap_hold": self.bootstrap_hold,
             "transfer_infos_held": self.transfer_infos_held(),
             "num_prompt_digests_sent": self.outgoing.num_sent,
+            "bootstrap_addresses": self.bootstrap_addresses.snapshot() if self.auth else None,
             "kv_digest": {"on": self.kv_digest, "sent": self.sent_kv.snapshot(), "received": self.received_kv.snapshot()},
         }
         if self.rooms_view is not None:

@@ -108,6 +108,9 @@ METRICS: dict[str, tuple[str, str]] = {
     "peer_source_refused_total": ("counter", "PD handshake messages / bootstrap requests refused unread because no "
                                              "peer secret is configured and their source address is not this host's "
                                              "(SGLANG_PD_ALLOW_UNAUTHENTICATED_REMOTE_PEERS)"),
+    "bootstrap_addresses_refused_total": ("counter", "bootstrap requests not sent (a 403 in their place): with a peer "
+                                                     "secret, their address is not in SGLANG_PD_BOOTSTRAP_ADDRESSES "
+                                                     "nor prefill's own bootstrap server"),
     "bootstrap_route_moves_refused_total": ("counter", "PUT /route refused (409): without a peer secret, a prefill "
                                                        "rank's first registration stands for the bootstrap server's "
                                                        "lifetime"),

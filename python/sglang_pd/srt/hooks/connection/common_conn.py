@@ -54,6 +54,9 @@ def around_manager_init(original, mgr, args, disaggregation_mode, server_args, i
                           staging=bool(envs.SGLANG_DISAGG_STAGING_BUFFER.get()))
     if limits is None and current().peer_guard.auth is not None:  # fail closed: a secret set, no guard possible
         raise RuntimeError(unguarded_with_secret(type(mgr)))
+    if mode_name(disaggregation_mode) == "prefill":  # SGLang's __init__ registers its ranks there: before it
+        current().peer_guard.bootstrap_addresses.add_prefill_own(
+            server_args.host, server_args.disaggregation_bootstrap_port, server_args.dist_init_addr)
     with rank_socket_options(zmq_frame_cap(limits) if limits else None, current().peer_guard.curve):
         original(mgr, args, disaggregation_mode, server_args, is_mla_backend)
     if limits is None:

@@ -5,17 +5,22 @@ functions (prefill ranks PUT /route and POST /register_dp_rank; decode GETs /rou
 /query_dp_ranks). Every request of this scheduler process to one of those paths gets the auth header
 (body sent as the exact bytes signed), and the answer must carry the server's tag over our nonce,
 its status and body; an answer without it (a fake bootstrap server, a replay) is replaced by a 401
-before SGLang reads it, so decode never trusts an unauthenticated prefill rank. Any other request of
-the process passes untouched, and so does everything when no secret is configured.
+before SGLang reads it, so decode never trusts an unauthenticated prefill rank. A bootstrap request to an
+address this process does not sign for (srt/auth/bootstrap_addresses.py) is not sent at all: a 403 takes
+its place. Any other request of the process passes untouched, and so does everything when no secret is
+configured.
 """
 
 from __future__ import annotations
 
+import logging
 from urllib.parse import urlsplit
 
 from sglang_pd.srt.state import current
 from sglang_pd.srt.http import bootstrap_checks as bootstrap_http
 from sglang_pd.srt.auth import HTTP_HEADER, HTTP_RESPONSE_HEADER
+
+logger = logging.getLogger(__name__)
 
 
 def around_session_request(original, session, method, url, params=None, data=None, headers=None, cookies=None,
@@ -25,10 +30,12 @@ def around_session_request(original, session, method, url, params=None, data=Non
     options = {"params": params, "data": data, "headers": headers, "cookies": cookies, "files": files, "auth": auth,
                "timeout": timeout, "allow_redirects": allow_redirects, "proxies": proxies, "hooks": hooks,
                "stream": stream, "verify": verify, "cert": cert, "json": json}
-    peer_auth = current().peer_guard.auth
-    if peer_auth is None or urlsplit(url).path not in bootstrap_http.GUARDED_PATHS:
+    guard = current().peer_guard
+    if guard.auth is None or urlsplit(url).path not in bootstrap_http.GUARDED_PATHS:
         return original(session, method, url, **options)
-    return _signed_request(original, session, method, url, options, peer_auth)
+    if not guard.bootstrap_addresses.allows_url(url):
+        return _not_sent(url)
+    return _signed_request(original, session, method, url, options, guard.auth)
 
 
 def _signed_request(original, session, method, url, options: dict, peer_auth):
@@ -50,6 +57,24 @@ def _signed_request(original, session, method, url, options: dict, peer_auth):
     if verdict.failure is None:
         return response
     return _refused(response, url, verdict.failure.value)
+
+
+def _not_sent(url: str):
+    """A 403 in place of a bootstrap request to an address outside the list (counted; logged once per address)."""
+    import requests
+
+    parts = urlsplit(url)
+    addresses = current().peer_guard.bootstrap_addresses
+    current().counters.add("bootstrap_addresses_refused_total", 1)
+    message = addresses.refusal(parts.hostname or "", parts.port or 80)
+    if addresses.refuse(parts.netloc):
+        logger.warning("sglang_pd: %s %s not sent: %s (further ones to this address are counted, not logged)",
+                       parts.path, parts.netloc, message)
+    refused = requests.Response()
+    refused.status_code = 403
+    refused._content = f"sglang_pd: {message}".encode()
+    refused.url = url
+    return refused
 
 
 def _refused(response, url: str, failure: str):

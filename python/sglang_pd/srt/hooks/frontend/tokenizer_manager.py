@@ -36,7 +36,7 @@ def after_validate_one_request(result, manager, obj, input_ids):
     logprob_start_len below -1, a stop token id outside the vocabulary or a top_k / min_new_tokens above
     int32, or (PD server)
     a malformed bootstrap room, host or port is refused here (ValueError: HTTP 400 naming it) instead of
-    ending the scheduler."""
+    ending the scheduler; so is, on a decode with a peer secret, a bootstrap address it does not sign for."""
     vocab_size = manager.model_config.vocab_size
     if input_ids is not None:
         check_input_ids(input_ids, vocab_size)
@@ -44,6 +44,12 @@ def after_validate_one_request(result, manager, obj, input_ids):
     check_logprob_start_len(getattr(obj, "logprob_start_len", None))
     check_sampling_limits(getattr(obj, "sampling_params", None), vocab_size)
     if is_pd_server(manager.server_args):
-        check_pairing(str(manager.server_args.disaggregation_mode), getattr(obj, "bootstrap_room", None),
-                      getattr(obj, "bootstrap_host", None), getattr(obj, "bootstrap_port", None))
+        mode = str(manager.server_args.disaggregation_mode)
+        host, port = getattr(obj, "bootstrap_host", None), getattr(obj, "bootstrap_port", None)
+        check_pairing(mode, getattr(obj, "bootstrap_room", None), host, port)
+        guard = current().peer_guard
+        problem = guard.bootstrap_addresses.request_problem(
+            mode, guard.auth is not None, host, port, manager.server_args.disaggregation_bootstrap_port)
+        if problem is not None:
+            raise ValueError(problem)
     return result
