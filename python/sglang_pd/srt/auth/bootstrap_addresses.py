@@ -21,7 +21,7 @@ empty list could pair with no prefill: it refuses to start, naming the setting.
 Without a secret nothing is signed and the list is not consulted (upstream's behaviour; `peer_sources`
 keeps other hosts off the sockets).
 
-Thread-safe: the scheduler's transfer threads share one instance; counts and the own-address set have a lock.
+Thread-safe: the scheduler's transfer threads share one instance; the own-address set and the counts each have a lock.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Iterable
 from urllib.parse import urlsplit
 
 from sglang_pd.config import BOOTSTRAP_ADDRESSES
-from sglang_pd.srt.auth.peer_sources import normalize_address, this_host_names
+from sglang_pd.srt.auth.peer_sources import CappedCounts, normalize_address, this_host_names
 
 # SGLang's warm-up request to a decode names this host (disaggregation/utils.py FAKE_BOOTSTRAP_HOST): decode
 # then uses its fake receiver and contacts no bootstrap server, so there is nothing to sign.
@@ -52,7 +52,7 @@ class BootstrapAddresses:
         only when a secret is set (without one nothing is signed)."""
         self.configured = frozenset((_host(h), p) for h, p in configured)
         self._own: set[tuple[str, int | None]] = set()
-        self._refused: dict[str, int] = {}
+        self._refused = CappedCounts(MAX_ADDRESSES, OTHER_ADDRESSES)
         self._lock = threading.Lock()
 
     def add_own(self, hosts: Iterable[str], port: int | None) -> None:
@@ -109,12 +109,8 @@ class BootstrapAddresses:
 
     def refuse(self, netloc: str) -> bool:
         """Count one request not sent to `netloc`; True the first time it is refused (log it then)."""
-        with self._lock:
-            if netloc not in self._refused and len(self._refused) >= MAX_ADDRESSES:
-                netloc = OTHER_ADDRESSES
-            first = netloc not in self._refused and netloc != OTHER_ADDRESSES
-            self._refused[netloc] = self._refused.get(netloc, 0) + 1
-        return first
+        row, new = self._refused.add(netloc)
+        return new and row != OTHER_ADDRESSES
 
     def listed(self) -> str:
         """The configured list as written back (`host` or `host:port`), or "empty"."""
@@ -124,5 +120,4 @@ class BootstrapAddresses:
         """JSON-able view for /sglang_pd/stats."""
         with self._lock:
             own = sorted(h if p is None else f"{h}:{p}" for h, p in self._own)
-            refused = dict(self._refused)
-        return {"configured": self.listed(), "own": own, "refused": refused}
+        return {"configured": self.listed(), "own": own, "refused": self._refused.snapshot()}

@@ -13,7 +13,7 @@ With a secret every source may talk: the MAC decides (`peer_auth`). Without one,
 hosts opts out explicitly with SGLANG_PD_ALLOW_UNAUTHENTICATED_REMOTE_PEERS=1 (a warning at start-up and
 in /sglang_pd/info).
 
-Thread-safe: the refusal table has its own lock.
+Thread-safe: the refusal table (`CappedCounts`) has its own lock.
 """
 
 from __future__ import annotations
@@ -64,6 +64,29 @@ def this_host_names(*extra: str) -> frozenset[str]:
     return frozenset(names) | host_addresses()
 
 
+class CappedCounts:
+    """Counts per key in bounded memory: at most `cap` keys get a row of their own; later keys share the row
+    `other`. Thread-safe (its own lock)."""
+
+    def __init__(self, cap: int, other: str):
+        self.cap, self.other = cap, other
+        self._counts: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def add(self, key: str) -> tuple[str, bool]:
+        """Count one for `key`: (the row counted, True when that row is new)."""
+        with self._lock:
+            row = key if key in self._counts or len(self._counts) < self.cap else self.other
+            new = row not in self._counts
+            self._counts[row] = self._counts.get(row, 0) + 1
+        return row, new
+
+    def snapshot(self) -> dict[str, int]:
+        """Read-only copy."""
+        with self._lock:
+            return dict(self._counts)
+
+
 class PeerSources:
     """Decides, per source address, whether a message may be read at all (see the module docstring)."""
 
@@ -73,8 +96,7 @@ class PeerSources:
         self.checking = not authenticated and not allow_remote
         self.local = frozenset(normalize_address(a) for a in local) if local is not None else (
             host_addresses() if self.checking else frozenset())
-        self._refused: dict[str, int] = {}
-        self._lock = threading.Lock()
+        self._refused = CappedCounts(MAX_SOURCES, OTHER_SOURCES)
 
     @property
     def mode(self) -> str:
@@ -89,11 +111,7 @@ class PeerSources:
         (`what` names the socket or route, e.g. 'prefill rank socket')."""
         if not self.checking or normalize_address(source) in self.local:
             return True
-        with self._lock:
-            key = source if source in self._refused or len(self._refused) < MAX_SOURCES else OTHER_SOURCES
-            first = key not in self._refused
-            self._refused[key] = self._refused.get(key, 0) + 1
-        if first:
+        if self._refused.add(source)[1]:
             logger.warning("sglang_pd: %s refused a message from %s: no peer secret is configured, so only this host "
                            "may talk to it; %s. Further refusals from this source are counted, not logged.",
                            what, source, ADVICE)
@@ -101,6 +119,5 @@ class PeerSources:
 
     def snapshot(self) -> dict:
         """JSON-able view for /sglang_pd/stats and /sglang_pd/info."""
-        with self._lock:
-            refused = dict(self._refused)
+        refused = self._refused.snapshot()
         return {"mode": self.mode, "refused_by_source": refused, "num_refused": sum(refused.values())}

@@ -61,8 +61,6 @@ def _signed_request(original, session, method, url, options: dict, peer_auth):
 
 def _not_sent(url: str):
     """A 403 in place of a bootstrap request to an address outside the list (counted; logged once per address)."""
-    import requests
-
     parts = urlsplit(url)
     addresses = current().peer_guard.bootstrap_addresses
     current().counters.add("bootstrap_addresses_refused_total", 1)
@@ -70,25 +68,26 @@ def _not_sent(url: str):
     if addresses.refuse(parts.netloc):
         logger.warning("sglang_pd: %s %s not sent: %s (further ones to this address are counted, not logged)",
                        parts.path, parts.netloc, message)
-    refused = requests.Response()
-    refused.status_code = 403
-    refused._content = f"sglang_pd: {message}".encode()
-    refused.url = url
-    return refused
+    return _stand_in(403, f"sglang_pd: {message}", url)
 
 
 def _refused(response, url: str, failure: str):
     """A 401 in place of an unauthenticated bootstrap answer (counted; logged once per host)."""
-    import requests
-
     host = urlsplit(url).netloc
     state = current()
     state.counters.add("peer_auth_refused_total", 1)
     state.peer_guard.http.add("auth_refused", f"response_{failure}", host,
                               f"sglang_pd: answer of bootstrap server {host} to {urlsplit(url).path} refused: "
                               f"auth {failure} (status {response.status_code})")
-    refused = requests.Response()
-    refused.status_code = 401
-    refused._content = f"sglang_pd: unauthenticated bootstrap answer from {host} ({failure})".encode()
-    refused.url, refused.request = response.url, response.request
-    return refused
+    return _stand_in(401, f"sglang_pd: unauthenticated bootstrap answer from {host} ({failure})", response.url,
+                     response.request)
+
+
+def _stand_in(status: int, text: str, url: str, request=None):
+    """The response SGLang reads in place of one it must not see (or of a request never sent)."""
+    import requests
+
+    response = requests.Response()
+    response.status_code, response._content = status, text.encode()
+    response.url, response.request = url, request
+    return response
