@@ -41,6 +41,7 @@ TRANSFER_WORKER_NICE = f"{PREFIX}TRANSFER_WORKER_NICE"
 HELPER_THREADS_BATCH = f"{PREFIX}HELPER_THREADS_BATCH"
 CPU_FORKSERVER = f"{PREFIX}CPU_FORKSERVER"
 MAX_PARALLEL_SAMPLES = f"{PREFIX}MAX_PARALLEL_SAMPLES"
+SHARED_PREFIX_KERNELS = f"{PREFIX}SHARED_PREFIX_KERNELS"
 
 
 class SettingsError(ValueError):
@@ -112,6 +113,16 @@ def _auto_flag(value: str) -> str:
     if value not in ("auto", "0", "1"):
         raise ValueError("must be auto, 0 or 1")
     return value
+
+
+def _one_of(*choices: str) -> Callable[[str], str]:
+    """A parser of one of `choices`."""
+    def parse(value: str) -> str:
+        if value not in choices:
+            raise ValueError(f"must be one of {', '.join(choices)}")
+        return value
+
+    return parse
 
 
 def _whole(value: str) -> int:
@@ -262,6 +273,12 @@ SETTINGS: tuple[Setting, ...] = (
             "asks for more copies than this of all its prompts together, is refused with HTTP 400 before SGLang "
             "copies it (upstream has no cap: n = 10**6 stalls the HTTP process)",
             _bounded_count(1, 1_000_000, "parallel samples")),
+    # The sglang_pd_shared_prefix attention backend's kernels (srt/attention/device_form.py).
+    Setting(SHARED_PREFIX_KERNELS, "shared_prefix_kernels", "auto",
+            "servers with --attention-backend / --decode-attention-backend sglang_pd_shared_prefix: auto (default) "
+            "runs the device's own kernels (CPU: torch's fused kernel + a C kernel; CUDA: Triton, which needs "
+            "--cuda-graph-backend-decode disabled); cpu or triton picks one, refused where the device cannot run "
+            "it (triton on a CPU device only under TRITON_INTERPRET=1, for tests)", _one_of("auto", "cpu", "triton")),
     Setting(TEST_LOGS, "test_logs", None,
             "tests only: folder where the integration tier keeps server logs and its test peer secret (default: a new "
             "folder per test session under /tmp/sglang_pd-test-logs)",
@@ -295,6 +312,7 @@ class Settings:
     helper_threads_batch: bool = False
     cpu_forkserver: bool = True
     max_parallel_samples: int = 128
+    shared_prefix_kernels: str = "auto"
     test_logs: Path | None = None
 
     @classmethod

@@ -42,7 +42,9 @@ class DecodeWorld:
 
     def __init__(self, geometry: Geometry, page_size: int, pool_tokens: int, max_requests: int,
                  max_context: int, seed: int = 0, shuffle_free_pages: bool = False,
-                 min_reads_saved: int | None = None):
+                 min_reads_saved: int | None = None, kernels: str = "cpu"):
+        """`kernels`: the shared backend's DecodeKernels, "cpu" or "triton" (CPU tensors: under
+        TRITON_INTERPRET=1 only)."""
         from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
         from sglang.srt.layers.radix_attention import RadixAttention
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -64,6 +66,7 @@ class DecodeWorld:
         self.stats = SharedAttentionStats(PDCounters())
         self.plain = TorchNativeAttnBackend(self._runner)
         self.min_reads_saved = min_reads_saved  # None: the backend's default for this geometry
+        self.kernels = kernels
         self.shared = self.shared_backend(self.stats)
         self.layers = [RadixAttention(g.num_q_heads, g.head_dim, g.head_dim ** -0.5, g.num_kv_heads, layer_id=i)
                        for i in range(g.num_layers)]
@@ -81,7 +84,7 @@ class DecodeWorld:
 
         return SharedPrefixAttnBackend(TorchNativeAttnBackend(self._runner), stats, self.geometry.num_q_heads,
                                        min_reads_saved=self.min_reads_saved if min_reads_saved is None
-                                       else min_reads_saved)
+                                       else min_reads_saved, kernels=self.kernels)
 
     def alloc(self, num_tokens: int) -> torch.Tensor:
         """`num_tokens` fresh slots (whole pages taken) with random K/V in every layer."""

@@ -23,6 +23,9 @@ CPU_ENV = {
 }
 
 
+GPU_MEMORY_FRACTION = "0.25"  # of one GPU per server: a harness deployment runs up to 3 servers on it
+
+
 def is_cpu_only() -> bool:
     """True when this machine has no CUDA device (the CPU workarounds then apply)."""
     return not torch.cuda.is_available()
@@ -37,10 +40,17 @@ def server_env(base: dict | None = None) -> dict:
 
 
 def cpu_server_args(attention_backend: str = "torch_native") -> list[str]:
-    """SGLang flags every CPU server needs (fp32: fp16 matmul is ~50x slower on these CPUs).
+    """SGLang flags for the device: on CPU what every server needs (fp32: fp16 matmul is ~50x slower on
+    these CPUs); on a GPU SGLang's defaults with a quarter of the GPU's memory each, except that sglang_pd_shared_prefix serves decode only, with
+    SGLang's Triton backend for the extends and the decode CUDA graph off (its Triton form allocates per
+    forward: attention/device_form.py). The GPU branch has not run (no GPU here: docs/gpu/README.md).
 
     `attention_backend`: torch_native, or sglang_pd_shared_prefix (which wraps it) on decode."""
     if not is_cpu_only():
-        return []
+        shared_gpu = GPU_MEMORY_FRACTION  # the harness starts prefill, decode (and plain) on one GPU
+        if attention_backend == "torch_native":
+            return ["--mem-fraction-static", shared_gpu]
+        return ["--mem-fraction-static", shared_gpu, "--decode-attention-backend", attention_backend,
+                "--prefill-attention-backend", "triton", "--cuda-graph-backend-decode", "disabled"]
     return ["--device", "cpu", "--attention-backend", attention_backend, "--dtype", "float32",
             "--sleep-on-idle"]

@@ -112,6 +112,62 @@ def pd_nixl() -> PDDeployment:
                                                 log_dir=LOG_ROOT / "nixl", env_overrides=env))
 
 
+# The CURVE + short-TTL pair, per transfer backend: test_curve_pair.py (CURVE on every rank socket) and
+# test_unclaimed_room.py (rooms no request claims) both run on it, one start per backend instead of two.
+# Neither concern changes the other's path: the room bookkeeping under test sits behind the socket layer
+# CURVE encrypts, and the curve tests' requests finish in about a second, far inside the TTL and timeouts.
+UNCLAIMED_ROOM_TTL_TEST_S = 3
+PAIR_WAITING_TIMEOUT_S = 300    # decode's own patience, SGLang's default: far longer than the TTL
+PAIR_BOOTSTRAP_TIMEOUT_S = 10   # prefill's patience for decode's transfer info (SGLang's default 300 s)
+CURVE_TTL_FIXTURE = "pd_curve_ttl"
+
+
+@pytest.fixture(scope="session", params=["nixl", "mooncake_tcp"])
+def pd_curve_ttl(request) -> PDDeployment:
+    """Stopped when the tests move to the other backend, or after the last test using it
+    (pytest_runtest_teardown below), never kept for the rest of the session."""
+    env = (("SGLANG_PD_UNCLAIMED_ROOM_TTL_S", str(UNCLAIMED_ROOM_TTL_TEST_S)),
+           ("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(PAIR_WAITING_TIMEOUT_S)),
+           ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", str(PAIR_BOOTSTRAP_TIMEOUT_S)),
+           ("SGLANG_PD_PEER_CURVE", "1")) + _auth_env()
+    config = DeploymentConfig(page_size=16, transfer_backend=request.param, env_overrides=env,
+                              fault_injection=True,  # the unclaimed-room abort tests hold their room in prefill
+                              log_dir=LOG_ROOT / f"curve_ttl_{request.param}")
+    deployment = PDDeployment(config)
+    _stop_after_last_use.append(deployment)
+    try:
+        deployment.start()
+        deployment.wait_clean()
+        yield deployment
+    finally:
+        if deployment in _stop_after_last_use:  # not yet stopped after its last test
+            _stop_after_last_use.remove(deployment)
+            deployment.stop()
+
+
+_stop_after_last_use: list[PDDeployment] = []
+_last_curve_ttl_item: list = []
+
+
+@pytest.hookimpl(trylast=True)  # after pytest's own reordering by session parameters
+def pytest_collection_modifyitems(session, config, items):
+    """The tests on pd_curve_ttl run one after another, by backend (pytest groups a session fixture's params),
+    and the pair stops after the last of them (pytest_runtest_teardown)."""
+    users = [item for item in items if CURVE_TTL_FIXTURE in getattr(item, "fixturenames", ())]
+    if not users:
+        return
+    first = items.index(users[0])
+    rest = [item for item in items if item not in users]
+    items[:] = rest[:first] + users + rest[first:]
+    _last_curve_ttl_item[:] = [users[-1]]
+
+
+def pytest_runtest_teardown(item, nextitem):
+    if _last_curve_ttl_item and item is _last_curve_ttl_item[0]:
+        while _stop_after_last_use:
+            _stop_after_last_use.pop().stop()
+
+
 @pytest.fixture(params=[1, 16], ids=["page1", "page16"])
 def pd(request) -> PDDeployment:
     """Each PD deployment in turn (parametrized over page size)."""

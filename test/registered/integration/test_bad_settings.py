@@ -55,8 +55,8 @@ def test_a_decode_with_a_secret_and_no_bootstrap_addresses_refuses_to_start(tmp_
 
 def test_shared_prefix_backend_refuses_to_start_without_a_c_compiler():
     """--attention-backend sglang_pd_shared_prefix builds its own-part C kernel at start-up: with no
-    compiler (CC pointing nowhere) the server stops with one error naming the kernel and the command,
-    instead of serving without it."""
+    compiler (CC pointing nowhere) the server stops in its own process, before any subprocess or model load,
+    with one error naming the kernel and the command, instead of serving without it."""
     from sglang_pd.harness.cpu_env import cpu_server_args
     from sglang_pd.srt.hooks.attention_backend import BACKEND_NAME
 
@@ -65,8 +65,10 @@ def test_shared_prefix_backend_refuses_to_start_without_a_c_compiler():
             "--load-format", "dummy", "--skip-tokenizer-init", "--host", "127.0.0.1", "--port", str(free_port()),
             "--max-total-tokens", "2048", *cpu_server_args(BACKEND_NAME)]
     proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0
-    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2, (proc.returncode, proc.stderr[-3000:])
+    lines = [line for line in proc.stderr.splitlines() if line.startswith("[sglang_pd] refusing to start")]
+    assert len(lines) == 1, proc.stderr[-3000:]
     assert f"--attention-backend {BACKEND_NAME} cannot serve this server: its own-part C kernel cannot be " \
-           "built here: /nonexistent/cc could not compile" in output, output[-3000:]
-    assert "Uvicorn running" not in output
+           "built here: /nonexistent/cc could not compile" in lines[0]
+    assert "subprocesses start by" not in proc.stderr and "Load weight" not in proc.stderr
+    assert "Uvicorn running" not in proc.stdout + proc.stderr

@@ -2,7 +2,8 @@
 serves the same tokens as a plain server through a handshake that ran over CURVE, and a stranger who
 reaches a rank port can neither deliver a message nor make libzmq buffer an unfinished one.
 
-One pair per backend, this module's own (stopped after its tests, before the next backend's starts).
+One pair per backend, shared with test_unclaimed_room.py (conftest's pd_curve_ttl: the room TTL 3 s,
+SGLang's waiting and bootstrap timeouts 300 s and 10 s, fault injection on); stopped after their tests.
 """
 
 import random
@@ -11,12 +12,11 @@ import time
 import psutil
 import pytest
 
-from sglang_pd.harness import DeploymentConfig, PDDeployment
+from sglang_pd.harness import PDDeployment
 from sglang_pd.harness.hostile_peer import (PeerSocket, Templates, handshake_view, rank_endpoint,
                                             send_unfinished_multipart)
 from sglang_pd.models import VOCAB_SIZE
 
-from conftest import LOG_ROOT, WAITING_TIMEOUT_S, peer_secret_file
 
 pytestmark = pytest.mark.integration
 
@@ -24,18 +24,9 @@ FRAME_BYTES = 1 << 20
 NUM_FRAMES = 200
 
 
-@pytest.fixture(scope="module", params=["mooncake_tcp", "nixl"])
-def dep(request):
-    env = (("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)),
-           ("SGLANG_PD_PEER_SECRET_FILE", str(peer_secret_file())), ("SGLANG_PD_PEER_CURVE", "1"))
-    deployment = PDDeployment(DeploymentConfig(page_size=16, transfer_backend=request.param,
-                                               log_dir=LOG_ROOT / f"curve_{request.param}", env_overrides=env))
-    try:
-        deployment.start()
-        deployment.wait_clean()
-        yield deployment
-    finally:
-        deployment.stop()
+@pytest.fixture
+def dep(pd_curve_ttl) -> PDDeployment:
+    return pd_curve_ttl
 
 
 def _prompt(seed: int, prefix: list[int]) -> list[int]:

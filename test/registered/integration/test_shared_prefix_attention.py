@@ -74,6 +74,7 @@ def test_outputs_equal_a_plain_server_and_decode_reads_the_shared_prefix_once(pd
     assert shared["shared_attn_own_tokens_total"] > NUM_CLIENTS * NEW_TOKENS
     assert shared["shared_attn_segment_gathered_tokens_total"] < shared["shared_attn_shared_tokens_total"]
     kernel = shared["kernel"]
+    assert kernel["kernels"] == "cpu"  # SGLANG_PD_SHARED_PREFIX_KERNELS=auto on a CPU device
     assert kernel["source"] == "own_decode.c" and "-O3" in kernel["flags"] and kernel["build_s"] > 0
     prefill = pd.scheduler_state(pd.prefill)["shared_attention"]
     assert prefill["backend"] == BACKEND_NAME and prefill["shared_attn_extend_queries_total"] > 0

@@ -6,6 +6,7 @@ serving; a prefill half that arrives after all fails at once. Prefill tells only
 registered with it (never one a message names).
 NIXL's status message carries the reason to the client; mooncake's carries none (SGLang's decode then
 reports its generic prefill failure), so there the test tells the two exits apart by time and text.
+The pair is conftest's pd_curve_ttl (peers authenticated, CURVE on: shared with test_curve_pair.py).
 
 The other order: a prefill half that failed on its own (here: SGLang's bootstrap timeout, no transfer
 info came) and a decode half that arrives after. SGLang re-creates the cleared room for the late
@@ -19,29 +20,22 @@ import uuid
 
 import pytest
 
-from conftest import LOG_ROOT
+from conftest import PAIR_BOOTSTRAP_TIMEOUT_S, PAIR_WAITING_TIMEOUT_S, UNCLAIMED_ROOM_TTL_TEST_S
 from lock_checks import assert_lock_held, assert_released_once, in_background, wait_for_plan, wait_until
-from sglang_pd.config import UNCLAIMED_ROOM_TTL_S
-from sglang_pd.harness import DeploymentConfig, PDDeployment
+from sglang_pd.harness import PDDeployment
 from sglang_pd.models import VOCAB_SIZE
 
 pytestmark = pytest.mark.integration
 
-TTL_S = 3
-WAITING_TIMEOUT_S = 300  # decode's own patience, SGLang's default: far longer than the TTL
-BOOTSTRAP_TIMEOUT_S = 10  # prefill's patience for decode's transfer info (SGLang's default 300 s)
+TTL_S = UNCLAIMED_ROOM_TTL_TEST_S
+WAITING_TIMEOUT_S = PAIR_WAITING_TIMEOUT_S  # decode's own patience, SGLang's default: far longer than the TTL
+BOOTSTRAP_TIMEOUT_S = PAIR_BOOTSTRAP_TIMEOUT_S  # prefill's patience for decode's transfer info
 
 
-@pytest.fixture(scope="module", params=["nixl", "mooncake_tcp"])
-def pd_ttl(request):
-    env = ((UNCLAIMED_ROOM_TTL_S, str(TTL_S)), ("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", str(WAITING_TIMEOUT_S)),
-           ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", str(BOOTSTRAP_TIMEOUT_S)))
-    config = DeploymentConfig(page_size=16, transfer_backend=request.param, env_overrides=env,
-                              fault_injection=True,  # the abort test holds its room in prefill's queue
-                              log_dir=LOG_ROOT / f"unclaimed_room_{request.param}")
-    with PDDeployment(config) as dep:
-        dep.wait_clean()
-        yield dep
+@pytest.fixture
+def pd_ttl(pd_curve_ttl) -> PDDeployment:
+    """conftest's CURVE + short-TTL pair (shared with test_curve_pair.py), per transfer backend."""
+    return pd_curve_ttl
 
 
 def _prompt(seed: int, n: int) -> list[int]:

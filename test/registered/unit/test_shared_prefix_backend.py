@@ -283,12 +283,57 @@ def test_registered_by_name_and_refused_where_it_cannot_serve():
 
     fp8_pool = MHATokenToKVPool(size=64, page_size=1, dtype=torch.float8_e4m3fn, head_num=4, head_dim=64,
                                 layer_num=1, device="cpu", enable_memory_saver=False)
-    for change, message in ((dict(device="cuda"), "no CUDA forward through this backend has run"),
+    for change, message in ((dict(device="cuda"), r"decode CUDA graph \(None\).*--cuda-graph-backend-decode disabled"),
+                            (dict(device="npu"), "device npu"),
                             (dict(use_mla_backend=True), "MLA"),
                             (dict(token_to_kv_pool=object()), "KV pool object"),
                             (dict(token_to_kv_pool=fp8_pool), "quantised KV")):
         with pytest.raises(ValueError, match=message):
             ab.create_backend(SimpleNamespace(**{**vars(runner), **change}))
+
+
+def _cuda_runner(world, decode_graph: str, prefill_graph: str, prefill_backend: str):
+    graphs = SimpleNamespace(decode=SimpleNamespace(backend=decode_graph), prefill=SimpleNamespace(backend=prefill_graph))
+    return SimpleNamespace(device="cuda", use_mla_backend=False, req_to_token_pool=world.rows, token_to_kv_pool=world.kv,
+                           model_config=SimpleNamespace(num_attention_heads=4, get_total_num_kv_heads=lambda: 4),
+                           server_args=SimpleNamespace(cuda_graph_config=graphs),
+                           prefill_attention_backend_str=prefill_backend)
+
+
+def test_a_cuda_runner_gets_the_triton_kernels_once_its_graphs_are_off(monkeypatch):
+    """The hook reads the runner's CUDA-graph phases and its prefill backend into the decision
+    (attention/device_form.py); the factory builds TritonDecodeKernels for CUDA. Its forwards through
+    those kernels run under the interpreter in test_triton_shared_prefix.py."""
+    world = _world("mha", 1)
+    backend = ab.create_backend(_cuda_runner(world, "disabled", "breakable", "triton"))
+    assert backend.decoder.kernels.describe()["kernels"] == "triton"
+    assert ab.create_backend(_cuda_runner(world, "disabled", "disabled", ab.BACKEND_NAME)).decoder.kernels.describe()[
+        "kernels"] == "triton"
+    for runner, words in ((_cuda_runner(world, "full", "disabled", "triton"), "--cuda-graph-backend-decode disabled"),
+                          (_cuda_runner(world, "disabled", "breakable", ab.BACKEND_NAME),
+                           "--cuda-graph-backend-prefill disabled")):
+        with pytest.raises(ValueError, match=words):
+            ab.create_backend(runner)
+    monkeypatch.setattr(torch.version, "hip", "6.2")
+    with pytest.raises(ValueError, match="ROCm"):
+        ab.create_backend(_cuda_runner(world, "disabled", "disabled", "triton"))
+
+
+def test_the_kernel_setting_is_read_from_the_process_settings(pd_state, monkeypatch):
+    """SGLANG_PD_SHARED_PREFIX_KERNELS=triton on a CPU device: refused without the interpreter, built
+    with it."""
+    import dataclasses
+
+    pd_state.settings = dataclasses.replace(pd_state.settings, shared_prefix_kernels="triton")  # this test's state
+    world = _world("mha", 1)
+    runner = SimpleNamespace(device="cpu", use_mla_backend=False, req_to_token_pool=world.rows,
+                             token_to_kv_pool=world.kv, model_config=SimpleNamespace(
+                                 num_attention_heads=4, get_total_num_kv_heads=lambda: 4))
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    with pytest.raises(ValueError, match="only under Triton's interpreter"):
+        ab.create_backend(runner)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert ab.create_backend(runner).decoder.kernels.describe()["kernels"] == "triton"
 
 
 def test_refused_on_a_torch_without_the_fused_cpu_attention_kernel(monkeypatch):
@@ -309,3 +354,24 @@ def test_metric_names_stay_distinct_once_prometheus_drops_the_total_suffix():
 
     exported = [name.removesuffix("_total") if kind == "counter" else name for name, (kind, _) in METRICS.items()]
     assert len(exported) == len(set(exported))
+
+
+def test_the_servers_own_process_refuses_what_its_arguments_already_tell():
+    """start_up_problem (called by the engine hook before any subprocess): None for a server that does
+    not name the backend or can run it; the runner-time words for one that cannot (the C-compiler case
+    runs as a real server in test_bad_settings.py)."""
+    graphs = lambda decode, prefill: SimpleNamespace(decode=SimpleNamespace(backend=decode),  # noqa: E731
+                                                     prefill=SimpleNamespace(backend=prefill))
+    args = lambda **kw: SimpleNamespace(**{**dict(device="cpu", attention_backend="torch_native",  # noqa: E731
+                                                  decode_attention_backend=None, prefill_attention_backend=None,
+                                                  cuda_graph_config=graphs("disabled", "disabled")), **kw})
+    assert ab.start_up_problem(args()) is None
+    assert ab.start_up_problem(args(attention_backend=ab.BACKEND_NAME)) is None  # this box builds the C kernel
+    assert ab.start_up_problem(args(device="cuda", attention_backend=None, decode_attention_backend=ab.BACKEND_NAME,
+                                    prefill_attention_backend="triton")) is None
+    refused = ab.start_up_problem(args(device="cuda", attention_backend=ab.BACKEND_NAME,
+                                       cuda_graph_config=graphs("full", "breakable")))
+    assert refused.startswith(f"--attention-backend {ab.BACKEND_NAME} cannot serve this server: the decode CUDA graph")
+    refused = ab.start_up_problem(args(device="cuda", attention_backend=ab.BACKEND_NAME,
+                                       cuda_graph_config=graphs("disabled", "breakable")))
+    assert "--cuda-graph-backend-prefill disabled" in refused

@@ -223,15 +223,16 @@ def test_a_mixed_forward_attends_its_decode_rows_by_shared_prefix():
     _group(world, rng, [10, 20, 30])
     assert _step(world) <= TOLERANCE
     world.advance()
-    # a local extend of 5 new tokens joins the decode step of the three running requests
+    # a local extend of 5 new tokens joins the decode step of the running requests, and the first of them
+    # extends 4 (so the decode rows 1, 2 are query rows 4, 5, not their batch positions)
     system = world.rows.req_to_token[world.row_ids[0], :64].to(torch.int64)
     newcomer = world.add_row(torch.cat([system, world.alloc(12)]))
-    diff = _mixed_step(world, {newcomer: 5})
+    diff = _mixed_step(world, {0: 4, newcomer: 5})
     print(f"MAXDIFF mixed {diff:.2e}")
     assert diff <= TOLERANCE
     plan = world.shared.plan
-    assert plan is not None and plan.batch_size == 3  # the decode rows only
-    assert _counter(world, "extend_queries") == 5 * len(world.layers)
+    assert plan is not None and plan.batch_size == 2  # the decode rows only
+    assert _counter(world, "extend_queries") == 9 * len(world.layers)
     world.advance()
     assert _step(world) <= TOLERANCE  # the next decode step: all four decode
     assert world.stats.last_step.batch_size == 4 and world.stats.last_step.num_grouped_requests == 4

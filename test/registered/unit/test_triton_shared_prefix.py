@@ -7,6 +7,10 @@ process may have imported it already. One run computes every case; each test ass
 (printed with -s). float32 cases: max |diff| <= 1e-5 against a float64 torch reference, SGLang's
 `decode_attention_fwd` on the same pool and whole rows, and the CPU implementation on the same plan;
 bf16 pool: <= 3e-2 against the float64 reference (the bf16 output's own rounding, ~2^-8 of values up to ~4).
+The backend cases run SGLang's decode (and one MIXED) forwards through the sglang_pd_shared_prefix backend
+built with these kernels (what a CUDA device gets; one built by the factory for a runner that says cuda)
+against SGLang's TorchNativeAttnBackend, on real SGLang pools: the backend's code path with the Triton
+kernels, on CPU tensors.
 """
 
 import json
@@ -68,3 +72,21 @@ def test_empty_own_part(figures):
 def test_merge_against_sglang_merge_state(figures):
     found = figures["merge_vs_sglang_merge_state"]
     assert found["out"] <= FP32_TOLERANCE and found["lse"] <= FP32_TOLERANCE
+
+
+BACKEND_CASES = ["backend_one_group_gqa_page16", "backend_several_groups_gqa_page16", "backend_mid_page_gqa_page64",
+                 "backend_inside_prefix_mha_page1", "backend_no_sharing_gqa_page16", "backend_created_for_cuda"]
+
+
+@pytest.mark.parametrize("case", BACKEND_CASES)
+def test_backend_decode_forward_through_the_triton_kernels_equals_torch_native(figures, case):
+    found = figures[case]
+    assert found["kernels"] == "triton"
+    assert found["groups"] == found["expected_groups"]  # the grouping the scenario is about, or it tests nothing
+    assert found["vs_torch_native"] <= FP32_TOLERANCE
+
+
+def test_backend_mixed_forward_through_the_triton_kernels_equals_torch_native(figures):
+    found = figures["backend_mixed_forward"]
+    assert found["kernels"] == "triton" and found["decode_rows"] == 2 and found["groups"] == 1
+    assert found["vs_torch_native"] <= FP32_TOLERANCE

@@ -170,6 +170,65 @@ def kernel_cases(device) -> dict:
     return figures
 
 
+def backend_cases() -> dict:
+    """SGLang's decode forwards through the sglang_pd_shared_prefix backend built with the Triton kernels
+    (what a CUDA device gets), on CPU tensors: real SGLang pools, ForwardBatch and RadixAttention layers
+    (bench/attention_world.py), the unit tier's scenarios (test_shared_prefix_backend.py, a MIXED forward of
+    test_shared_prefix_steps.py), against SGLang's TorchNativeAttnBackend on the same q/k/v; and the
+    factory's choice for a runner that says cuda with its decode graph off."""
+    import random
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from sglang_pd.bench.attention_world import DecodeWorld
+    from sglang_pd.config import Settings
+    from sglang_pd.srt.hooks import attention_backend
+    from sglang_pd.srt.state import ProcessKind, build_state, install
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    import test_shared_prefix_backend as scenarios  # noqa: E402  (the unit tier's own cases)
+    import test_shared_prefix_steps as steps  # noqa: E402
+
+    install(build_state(ProcessKind.SCHEDULER, Settings()))
+    world_of = lambda geometry, page: DecodeWorld(scenarios.GEOMETRIES[geometry], page, pool_tokens=4096,  # noqa: E731
+                                                  max_requests=8, max_context=512, shuffle_free_pages=True,
+                                                  min_reads_saved=0, kernels="triton")
+    results = {}
+    for name, geometry, page in (("one_group", "gqa", 16), ("several_groups", "gqa", 16), ("mid_page", "gqa", 64),
+                                 ("inside_prefix", "mha", 1), ("no_sharing", "gqa", 16)):
+        world = world_of(geometry, page)
+        expected = scenarios.SCENARIOS[name](world, random.Random(page))
+        diff = scenarios._max_diff(world, steps=1)
+        results[f"backend_{name}_{geometry}_page{page}"] = {
+            "kernels": world.shared.decoder.kernels.describe()["kernels"], "groups": world.stats.last_step.num_groups,
+            "expected_groups": expected, "vs_torch_native": diff}
+    world = steps._world(page_size=16)
+    world.kernels = "triton"
+    world.shared = world.shared_backend(world.stats)
+    steps._group(world, random.Random(11), [10, 20, 30])
+    world.advance()
+    system = world.rows.req_to_token[world.row_ids[0], :64].to(torch.int64)
+    newcomer = world.add_row(torch.cat([system, world.alloc(12)]))
+    diff = steps._mixed_step(world, {0: 4, newcomer: 5})  # an extend first: decode rows 1, 2 are query rows 4, 5
+    results["backend_mixed_forward"] = {"kernels": world.shared.decoder.kernels.describe()["kernels"],
+                                        "decode_rows": world.shared.plan.batch_size,
+                                        "groups": world.stats.last_step.num_groups, "vs_torch_native": diff}
+    world = world_of("gqa", 16)
+    expected = scenarios.one_group(world, random.Random(1))
+    graphs = SimpleNamespace(decode=SimpleNamespace(backend="disabled"), prefill=SimpleNamespace(backend="breakable"))
+    runner = SimpleNamespace(device="cuda", use_mla_backend=False, req_to_token_pool=world.rows,
+                             token_to_kv_pool=world.kv, model_config=SimpleNamespace(
+                                 num_attention_heads=9, get_total_num_kv_heads=lambda: 3),
+                             server_args=SimpleNamespace(cuda_graph_config=graphs), prefill_attention_backend_str="triton")
+    world.shared = attention_backend.create_backend(runner)
+    world.shared.min_reads_saved = 0
+    diff = scenarios._max_diff(world, steps=1)
+    results["backend_created_for_cuda"] = {"kernels": world.shared.decoder.kernels.describe()["kernels"],
+                                           "groups": world.shared.stats.last_step.num_groups, "expected_groups": expected,
+                                           "vs_torch_native": diff}
+    return results
+
+
 def run(device: str) -> dict:
     """Every case (module docstring) -> its figures."""
     f32, bf16 = torch.float32, torch.bfloat16
@@ -186,6 +245,8 @@ def run(device: str) -> dict:
         "bf16_page16_mid_page_gqa": decode_case(shared_then_own(37, [1, 6, 3]), 16, gqa, 64, bf16, device, 9),
     }
     results.update(kernel_cases(device))
+    if device == "cpu":  # DecodeWorld builds its SGLang pools on CPU
+        results.update(backend_cases())
     return results
 
 

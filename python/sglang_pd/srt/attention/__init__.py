@@ -4,6 +4,7 @@ What other packages use, exported here; README.md in this folder names each modu
 """
 
 from sglang_pd.srt.attention.decode_kernels import CpuDecodeKernels, DecodeKernels
+from sglang_pd.srt.attention.device_form import DeviceFacts, KernelChoice, choose_kernels
 from sglang_pd.srt.attention.local_extend import MixedRows, offset_causal_extend, offset_causal_extend_rows
 from sglang_pd.srt.attention.own_decode_kernel import OwnDecodeKernel, build_problem
 from sglang_pd.srt.attention.partials import missing_kernel
@@ -13,6 +14,6 @@ from sglang_pd.srt.attention.shared_prefix import DecodePlan, SharedPrefixDecode
 from sglang_pd.srt.attention.stats import AttentionFallback, SharedAttentionStats
 
 __all__ = [
-    "AttentionFallback", "CpuDecodeKernels", "DecodeKernels", "DecodePlan", "MixedRows", "OwnDecodeKernel",
-    "RequestKey", "SharedAttentionStats", "SharedPrefixDecoder", "build_problem", "find_prefix_groups",
-    "missing_kernel", "offset_causal_extend", "offset_causal_extend_rows"]
+    "AttentionFallback", "CpuDecodeKernels", "DecodeKernels", "DecodePlan", "DeviceFacts", "KernelChoice",
+    "MixedRows", "OwnDecodeKernel", "RequestKey", "SharedAttentionStats", "SharedPrefixDecoder", "build_problem",
+    "choose_kernels", "find_prefix_groups", "missing_kernel", "offset_causal_extend", "offset_causal_extend_rows"]

@@ -60,8 +60,8 @@ class CpuDecodeKernels:
         return None
 
     def describe(self) -> dict:
-        """The own-part C kernel's build (OwnDecodeKernel.describe)."""
-        return self.own_kernel.describe()
+        """Which kernels, and the own-part C kernel's build (OwnDecodeKernel.describe)."""
+        return {"kernels": "cpu", **self.own_kernel.describe()}
 
     def attend(self, layer: int, q: torch.Tensor, k_buf: torch.Tensor, v_buf: torch.Tensor, plan, scale: float,
                average_merge: bool = False) -> torch.Tensor:

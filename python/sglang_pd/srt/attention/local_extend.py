@@ -71,7 +71,8 @@ def offset_causal_extend_rows(query: torch.Tensor, output: torch.Tensor, k_cache
         offset_causal_extend(query, output, k_cache, v_cache, req_to_token, req_pool_indices, seq_lens,
                              extend_prefix_lens, extend_seq_lens, scaling=scaling, enable_gqa=enable_gqa)
         return
-    index, rows = torch.tensor(positions, dtype=torch.int64), torch.tensor(tokens, dtype=torch.int64)
+    index = torch.tensor(positions, dtype=torch.int64)
+    rows = torch.tensor(tokens, dtype=torch.int64, device=query.device)
     pick = lambda t: t[index.to(t.device)]  # noqa: E731
     sub_query = query.index_select(0, rows)
     sub_output = torch.empty_like(sub_query)

@@ -25,10 +25,10 @@ A 16-bit tensor-core dot for bf16/fp16 pools would be faster and is not done.
 
 Capture-readiness: NOT capture-ready. `index` builds new index tensors every forward (host lists ->
 device) and `attend` allocates its partial buffers every layer call, and the grid depends on the batch's
-grouping: a CUDA server with this path needs `--disable-cuda-graph`. The backend refuses CUDA today
-(srt/hooks/attention_backend.py): these kernels run here only under Triton's interpreter
-(TRITON_INTERPRET=1, test/registered/unit/test_triton_shared_prefix.py); no CUDA forward through
-the backend has run.
+grouping: a CUDA server with this path needs the decode CUDA graph off, which the start-up check
+(device_form.py) demands in words. These kernels and the backend's forwards through them run here only
+under Triton's interpreter on CPU tensors (TRITON_INTERPRET=1, test/registered/unit/
+test_triton_shared_prefix.py); no CUDA forward has run.
 """
 
 from __future__ import annotations

@@ -14,13 +14,18 @@ The backend wraps SGLang's `TorchNativeAttnBackend` (built from the same model r
   (`AttentionFallback`: sliding-window layers, cross attention, logit cap, encoder tokens, hybrid SWA
   pool, beam search), and extend layer calls that are not plain causal self-attention; idle forwards.
 
-Refused at start-up (ValueError naming the flag): a device other than CPU (the Triton kernels of the
-GPU form, attention/triton_kernels.py, are checked under Triton's interpreter only; no CUDA forward
-through this backend has run, so it is not served), a torch without the fused CPU attention kernel (attention/partials.py), no C compiler to
-build the own-part kernel (own_decode_kernel.py), torch.compile / CPU graphs, MLA models, KV pools
-other than MHATokenToKVPool / SWAKVPool, quantised (fp8) KV, KV buffers not laid out contiguous
-[tokens, kv heads, head_dim] and value heads unlike key heads. Logic lives in srt/disaggregation;
-this file stays thin.
+Kernels (attention/device_form.py decides, SGLANG_PD_SHARED_PREFIX_KERNELS): CPU devices run
+`CpuDecodeKernels`, CUDA devices `TritonDecodeKernels` (attention/triton_kernels.py). The Triton form's
+numerics and this backend's forwards through it are checked on CPU tensors under Triton's interpreter
+(unit tier); no CUDA forward has run here (no GPU: docs/gpu/README.md).
+
+Refused at start-up (ValueError naming the flag or setting): a device other than CPU / CUDA, ROCm, a
+kernel setting the device cannot run, on CUDA a decode CUDA graph (and a prefill one when this backend
+serves the extends too), a torch without the fused CPU attention kernel (attention/partials.py) or no C
+compiler to build the own-part kernel (own_decode_kernel.py) for the CPU kernels, no importable triton
+for the Triton ones, torch.compile, MLA models, KV pools other than MHATokenToKVPool / SWAKVPool,
+quantised (fp8) KV, KV buffers not laid out contiguous [tokens, kv heads, head_dim] and value heads
+unlike key heads. Logic lives in srt/attention; this file stays thin.
 """
 
 from __future__ import annotations
@@ -28,14 +33,14 @@ from __future__ import annotations
 import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 
-from sglang_pd.srt.attention import missing_kernel
 from sglang_pd.srt.attention import (MixedRows, offset_causal_extend,
                                                                   offset_causal_extend_rows)
-from sglang_pd.srt.attention import OwnDecodeKernel, build_problem
+from sglang_pd.srt.attention import OwnDecodeKernel
 from sglang_pd.srt.attention import find_prefix_groups
 from sglang_pd.srt.attention import RequestKey
 from sglang_pd.srt.attention import AttentionFallback, SharedAttentionStats
 from sglang_pd.srt.attention import CpuDecodeKernels, DecodePlan, SharedPrefixDecoder
+from sglang_pd.srt.attention import KernelChoice, serving_checks
 from sglang_pd.srt.fault_injection import Fault
 from sglang_pd.srt.state import current
 
@@ -54,7 +59,6 @@ MIN_SAVED_HEAD_READS = 8192
 def min_reads_saved_for(num_q_heads: int) -> int:
     """Saved token reads per layer a segment needs before it is worth its own kernel call."""
     return -(-MIN_SAVED_HEAD_READS // max(1, num_q_heads))
-_KV_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 def register_backend_choice() -> None:
@@ -73,38 +77,21 @@ def register_backend_factory() -> None:
         register_attention_backend(BACKEND_NAME)(create_backend)
 
 
-def unsupported_runner(runner) -> str | None:
-    """Why this model runner cannot use the backend at all, or None."""
-    from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
-    from sglang.srt.mem_cache.swa_memory_pool import SWAKVPool
-    from sglang.srt.runtime_context import get_flags
+def kernel_choice(runner) -> KernelChoice:
+    """The kernels this runner's device takes (attention/serving_checks.py)."""
+    return serving_checks.kernel_choice(runner, BACKEND_NAME, current().settings.shared_prefix_kernels)
 
-    if str(runner.device) != "cpu":
-        return (f"device {runner.device}: the GPU kernels exist (attention/triton_kernels.py, Triton; numerics "
-                "checked only under Triton's CPU interpreter) but no CUDA forward through this backend has run "
-                "anywhere yet, so only CPU is served (docs/shared_prefix_attention.md)")
-    problem = missing_kernel()
-    if problem is not None:
-        return problem
-    problem = build_problem()  # builds the kernel (once per process)
-    if problem is not None:
-        return f"its own-part C kernel cannot be built here: {problem}"
-    if get_flags().capture.enable_torch_compile:
-        return "--enable-torch-compile (CPU graphs): the backend runs eagerly only"
-    if runner.use_mla_backend:
-        return "MLA models: the backend reads MHA KV pools only"
-    pool = runner.token_to_kv_pool
-    if type(pool) not in (MHATokenToKVPool, SWAKVPool):
-        return f"KV pool {type(pool).__name__}: only MHATokenToKVPool / SWAKVPool layouts are read"
-    if pool.dtype not in _KV_DTYPES:
-        return f"KV cache dtype {pool.dtype}: quantised KV is not read (float32/float16/bfloat16 only)"
-    if isinstance(pool, MHATokenToKVPool):
-        keys, values = pool.get_key_buffer(pool.start_layer), pool.get_value_buffer(pool.start_layer)
-        if keys.dim() != 3 or keys.shape[1] != pool.head_num or not keys.is_contiguous():
-            return f"KV buffer of shape {tuple(keys.shape)}: expected contiguous [tokens, {pool.head_num} heads, head_dim]"
-        if values.shape != keys.shape:
-            return f"value buffer {tuple(values.shape)} unlike key buffer {tuple(keys.shape)} (v_head_dim != head_dim)"
-    return None
+
+def unsupported_runner(runner, choice: KernelChoice | None = None) -> str | None:
+    """Why this model runner cannot use the backend at all, or None (`choice`: kernel_choice(runner))."""
+    return serving_checks.runner_problem(runner, choice or kernel_choice(runner))
+
+
+def start_up_problem(server_args) -> str | None:
+    """In the server's own process, before any subprocess (the engine hook): why a server naming this backend
+    cannot serve with it as far as its arguments tell, in create_backend's words; None otherwise."""
+    problem = serving_checks.server_args_problem(server_args, BACKEND_NAME, current().settings.shared_prefix_kernels)
+    return None if problem is None else f"--attention-backend {BACKEND_NAME} cannot serve this server: {problem}"
 
 
 def create_backend(runner):
@@ -113,13 +100,14 @@ def create_backend(runner):
     Raises ValueError when the runner's configuration cannot be served (see unsupported_runner)."""
     from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
 
-    problem = unsupported_runner(runner)
+    choice = kernel_choice(runner)
+    problem = unsupported_runner(runner, choice)
     if problem is not None:
         raise ValueError(f"--attention-backend {BACKEND_NAME} cannot serve this server: {problem}")
     stats = current().shared_attention
     config = runner.model_config  # query heads on this rank: its KV heads x the model's GQA factor
     num_q_heads = runner.token_to_kv_pool.head_num * config.num_attention_heads // config.get_total_num_kv_heads()
-    backend = SharedPrefixAttnBackend(TorchNativeAttnBackend(runner), stats, num_q_heads)
+    backend = SharedPrefixAttnBackend(TorchNativeAttnBackend(runner), stats, num_q_heads, kernels=choice.kernels)
     stats.on_backend_created(BACKEND_NAME, backend.decoder.kernels.describe(), backend.min_reads_saved)
     return backend
 
@@ -152,10 +140,11 @@ class SharedPrefixAttnBackend(AttentionBackend):
     """SGLang AttentionBackend: shared-prefix decode, everything else by the wrapped `inner` backend."""
 
     def __init__(self, inner, stats: SharedAttentionStats, num_q_heads: int, min_shared_tokens: int = MIN_SHARED_TOKENS,
-                 min_reads_saved: int | None = None):
+                 min_reads_saved: int | None = None, kernels: str = "cpu"):
         """`num_q_heads`: query heads per layer on this rank (sets `min_reads_saved` when it is None; 0
-        groups every shared run of `min_shared_tokens`). Raises KernelBuildError when the own-part C kernel
-        cannot be built here."""
+        groups every shared run of `min_shared_tokens`). `kernels`: "cpu" (CpuDecodeKernels) or "triton"
+        (TritonDecodeKernels; on CPU tensors only under TRITON_INTERPRET=1). Raises KernelBuildError when
+        the own-part C kernel cannot be built here."""
         super().__init__()
         self.inner = inner
         self.stats = stats
@@ -163,7 +152,14 @@ class SharedPrefixAttnBackend(AttentionBackend):
         self.min_reads_saved = min_reads_saved_for(num_q_heads) if min_reads_saved is None else min_reads_saved
         pool = inner.token_to_kv_pool
         self.layer_ids = range(pool.start_layer, pool.start_layer + pool.layer_num)
-        self.decoder = SharedPrefixDecoder(CpuDecodeKernels(pool.head_num, pool.head_dim, OwnDecodeKernel()))
+        if kernels == "triton":
+            from sglang_pd.srt.attention.triton_kernels import TritonDecodeKernels  # imports triton: only here
+
+            self.decoder = SharedPrefixDecoder(TritonDecodeKernels())
+        elif kernels == "cpu":
+            self.decoder = SharedPrefixDecoder(CpuDecodeKernels(pool.head_num, pool.head_dim, OwnDecodeKernel()))
+        else:
+            raise ValueError(f"kernels {kernels!r}: cpu or triton")
         self.plan: DecodePlan | None = None
         self.batch_fallback: AttentionFallback | None = None
         self.planned_batch = None  # the ForwardBatch the plan was built for (a plan never serves another)
@@ -202,10 +198,12 @@ class SharedPrefixAttnBackend(AttentionBackend):
                         else forward_batch.seq_lens).tolist()
         seq_lens = [all_seq_lens[i] for i in positions]
         row_pool = self.inner.req_to_token_pool
-        pool_indices = forward_batch.req_pool_indices.to(row_pool.req_to_token.device)[torch.tensor(positions)]
-        rows = row_pool.req_to_token[pool_indices, :max(seq_lens)]
+        pool_indices = forward_batch.req_pool_indices.cpu()[torch.tensor(positions)]
+        # grouped on the host (one copy of the batch's rows per forward on a GPU); the kernels' index
+        # tensors go to the pool's device (DecodeKernels.index)
+        rows = row_pool.req_to_token[pool_indices.to(row_pool.req_to_token.device), :max(seq_lens)].cpu()
         grouping = find_prefix_groups(rows, seq_lens, self.min_shared_tokens, self.min_reads_saved)
-        generations = row_pool.req_generation[pool_indices.cpu()].tolist()  # bumped on every row allocation
+        generations = row_pool.req_generation[pool_indices].tolist()  # bumped on every row allocation
         keys = [RequestKey(forward_batch.rids[i], idx, generation)
                 for i, idx, generation in zip(positions, pool_indices.tolist(), generations)]
         pool = self.inner.token_to_kv_pool
@@ -240,7 +238,7 @@ class SharedPrefixAttnBackend(AttentionBackend):
             self._offset_causal(q3, out, k_buf, v_buf, layer, forward_batch, extend_positions,
                                 None if rows is None else rows.other_tokens)
         if rows is not None:
-            tokens = torch.tensor(rows.tokens, dtype=torch.int64)
+            tokens = torch.tensor(rows.tokens, dtype=torch.int64, device=q3.device)
             attended = self.decoder.attend(layer.layer_id - self.layer_ids.start, q3.index_select(0, tokens), k_buf,
                                            v_buf, self.plan, layer.scaling)
             out.index_copy_(0, tokens, attended.to(out.dtype))
@@ -274,7 +272,8 @@ class SharedPrefixAttnBackend(AttentionBackend):
         return out.reshape(q3.shape[0], layer.tp_q_head_num * layer.v_head_dim)
 
     def support_triton(self):
-        """No triton kernels (CPU torch)."""
+        """SGLang's own Triton helpers for the batch (positions, cache locations) are not used: the torch
+        path, as the wrapped TorchNativeAttnBackend (both kernel forms)."""
         return False
 
 
