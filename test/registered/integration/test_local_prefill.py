@@ -3,7 +3,8 @@ prefill computes nothing for a local request and answers its half with 200, thro
 router too (the benchmark's router client included); aborts on each local path and the
 decline-before-prefill race leave both servers clean; NIXL (peers authenticated: every decline signed
 and verified) as well as mooncake_tcp (no secret), SGLang's overlap and normal decode loops; threshold 0
-is today's PD path."""
+is today's PD path. The plain server compared with is the session's (conftest's plain_url: same model,
+torch_native, greedy), not one of this module's own."""
 
 import concurrent.futures as cf
 import json
@@ -34,7 +35,7 @@ _ENV = ((LOCAL_PREFILL_TOKENS, str(THRESHOLD)), (LOCAL_PREFILL_STEP_TOKENS, "64"
 
 @pytest.fixture(scope="module")
 def pd_local():
-    config = DeploymentConfig(page_size=1, with_plain=True, fault_injection=True, env_overrides=_ENV,
+    config = DeploymentConfig(page_size=1, fault_injection=True, env_overrides=_ENV,
                               log_dir=LOG_ROOT / "local_prefill")
     with PDDeployment(config) as dep:
         dep.wait_clean()
@@ -76,7 +77,7 @@ def _primed(dep: PDDeployment, seed: int, new_tokens: int = 8) -> list[int]:
     return conv + decoded["output_ids"] + _tokens(seed + 1, 8)
 
 
-def test_local_and_remote_requests_in_one_batch_equal_a_plain_server(pd_local: PDDeployment):
+def test_local_and_remote_requests_in_one_batch_equal_a_plain_server(pd_local: PDDeployment, plain_url: str):
     dep = pd_local
     local_prompts = [_primed(dep, 100 + 10 * i) for i in range(3)]
     remote_prompts = [[2] + _tokens(200 + i, 40) for i in range(3)]
@@ -87,7 +88,7 @@ def test_local_and_remote_requests_in_one_batch_equal_a_plain_server(pd_local: P
     with cf.ThreadPoolExecutor(len(prompts)) as pool:
         results = list(pool.map(lambda p: dep.generate_pd(p, 128), prompts))
     for (_, decoded, _), prompt in zip(results, prompts):
-        assert_same(decoded, dep.generate(dep.plain.url, prompt, 128), f"prompt of {len(prompt)} tokens")
+        assert_same(decoded, dep.generate(plain_url, prompt, 128), f"prompt of {len(prompt)} tokens")
     paths = [decoded["meta_info"]["decode_prefill_path"] for _, decoded, _ in results]
     assert paths == ["decode_local"] * 3 + ["prefill"] * 3
     for (prefill_half, decoded, room), prompt in zip(results[:3], local_prompts):
@@ -118,7 +119,7 @@ def test_local_and_remote_requests_in_one_batch_equal_a_plain_server(pd_local: P
     dep.wait_clean()
 
 
-def test_a_local_extend_runs_inside_the_decode_step_of_running_requests(pd_local: PDDeployment):
+def test_a_local_extend_runs_inside_the_decode_step_of_running_requests(pd_local: PDDeployment, plain_url: str):
     """Requests already decoding when local ones arrive: each local extend is one mixed forward with
     their decode step (no separate extend forward holds them back); every output equals a plain server's.
     Tokens only: a request asking for logprobs is never mixed (SGLang's mixed forward carries none), so
@@ -144,7 +145,7 @@ def test_a_local_extend_runs_inside_the_decode_step_of_running_requests(pd_local
     assert local["num_mixed_extends"] - before["num_mixed_extends"] >= 1
     assert local["num_extends"] - before["num_extends"] >= 1
     outputs = [d["output_ids"] for d in local_out] + [d["output_ids"] for d in remote_out]
-    plain = [dep.generate(dep.plain.url, p, n)["output_ids"] for p, n in
+    plain = [dep.generate(plain_url, p, n)["output_ids"] for p, n in
              zip(local_prompts + remote_prompts, [24, 24, 160, 160, 160])]
     assert outputs == plain
     dep.wait_clean()
@@ -181,7 +182,8 @@ def _page_diffs(a, b, page: int) -> list[float]:
     return [float(diff[:, :, i:i + page].max()) for i in range(0, a.shape[2], page)]
 
 
-def test_decode_local_kv_equals_prefills_page_by_page_and_a_misplaced_extend_does_not(pd_local: PDDeployment):
+def test_decode_local_kv_equals_prefills_page_by_page_and_a_misplaced_extend_does_not(pd_local: PDDeployment,
+                                                                                      plain_url: str):
     """The KV decode's local extend wrote for a prompt, against the KV prefill computed for the same
     prompt, page by page (every layer, K and V): equal within KV_TOL. The power check beside it: a local
     extend whose KV lands one slot off (local_extend_kv_shift) leaves KV that differs from prefill's
@@ -195,11 +197,11 @@ def test_decode_local_kv_equals_prefills_page_by_page_and_a_misplaced_extend_doe
     print(f"KV |decode local - prefill| per page, max {max(diffs):.2e}; over the {num_local} local tokens "
           f"{max(diffs[-num_local:]):.2e}")
     assert max(diffs) <= KV_TOL, diffs
-    assert_same(local, dep.generate(dep.plain.url, prompt, 8), "local")
+    assert_same(local, dep.generate(plain_url, prompt, 8), "local")
 
     broken_prompt = _primed(dep, 1720)
     decode_kv_, prefill_kv, broken = _local_then_prefill_kv(dep, broken_prompt, shift=True)
-    assert_differs(broken, dep.generate(dep.plain.url, broken_prompt, 8), "local extend KV one slot off")
+    assert_differs(broken, dep.generate(plain_url, broken_prompt, 8), "local extend KV one slot off")
     diffs = _page_diffs(decode_kv_, prefill_kv, page)
     num_local = broken["meta_info"]["decode_local_prefill_tokens"]
     assert max(diffs[:-num_local]) <= KV_TOL, "the transferred prefix is untouched"
@@ -207,7 +209,7 @@ def test_decode_local_kv_equals_prefills_page_by_page_and_a_misplaced_extend_doe
     dep.wait_clean()
 
 
-def test_through_the_launchers_router_one_normal_response(pd_local: PDDeployment):
+def test_through_the_launchers_router_one_normal_response(pd_local: PDDeployment, plain_url: str):
     """sglang-router sends both halves; prefill's declined half answers 200 at once, so the router passes
     decode's response through: non-streaming, streaming, and with output logprobs."""
     dep = pd_local
@@ -226,7 +228,7 @@ def test_through_the_launchers_router_one_normal_response(pd_local: PDDeployment
         assert second.status_code == 200, second.text
         body = second.json()
         assert body["meta_info"]["decode_prefill_path"] == "decode_local"
-        assert body["output_ids"] == dep.generate(dep.plain.url, conv, 8)["output_ids"]
+        assert body["output_ids"] == dep.generate(plain_url, conv, 8)["output_ids"]
         assert len(body["meta_info"]["output_token_logprobs"]) == 8
         conv = conv + body["output_ids"] + _tokens(302, 8)
         chunks = []
@@ -236,14 +238,14 @@ def test_through_the_launchers_router_one_normal_response(pd_local: PDDeployment
             for line in resp.iter_lines():
                 if line.startswith(b"data:") and line.strip() != b"data: [DONE]":
                     chunks.append(json.loads(line[5:]))
-        assert chunks[-1]["output_ids"] == dep.generate(dep.plain.url, conv, 8)["output_ids"]
+        assert chunks[-1]["output_ids"] == dep.generate(plain_url, conv, 8)["output_ids"]
         assert chunks[-1]["meta_info"]["finish_reason"]["type"] == "length"
         # The benchmark's router client (bench_multiturn --via-router): the router keeps its rid, so
         # decode's record of the local request is found under it, as the benchmark's breakdown needs.
         conv = conv + chunks[-1]["output_ids"] + _tokens(303, 8)
         streamed = router_stream(router.url, conv, 8)
         assert streamed.ok and streamed.error == "", streamed.error
-        assert streamed.output_ids == dep.generate(dep.plain.url, conv, 8)["output_ids"]
+        assert streamed.output_ids == dep.generate(plain_url, conv, 8)["output_ids"]
         assert 0 < streamed.ttft_s < streamed.latency_s and len(streamed.itl_s) == 7
         assert streamed.prefill_answer_s is None  # not visible through a router
         record = _local(dep)["requests"][f"pd-{streamed.room}"]
@@ -298,7 +300,7 @@ def test_abort_during_the_local_extend(pd_local: PDDeployment):
     dep.wait_clean()
 
 
-def test_decline_that_reaches_prefill_before_its_half(pd_local: PDDeployment):
+def test_decline_that_reaches_prefill_before_its_half(pd_local: PDDeployment, plain_url: str):
     """The decode half alone first: decode serves it and declines a room prefill does not know yet; the
     prefill half sent afterwards is answered at once from the tombstone, not after a bootstrap timeout."""
     dep = pd_local
@@ -308,7 +310,7 @@ def test_decline_that_reaches_prefill_before_its_half(pd_local: PDDeployment):
     pairing = dep.pairing(room)
     decoded = dep.generate(dep.decodes[0].url, prompt, 8, rid=rid, **pairing)
     assert decoded["meta_info"]["decode_prefill_path"] == "decode_local"
-    assert decoded["output_ids"] == dep.generate(dep.plain.url, prompt, 8)["output_ids"]
+    assert decoded["output_ids"] == dep.generate(plain_url, prompt, 8)["output_ids"]
     assert dep.scheduler_state(dep.prefill)["room_declines"]["num_tombstones_total"] == tombstones_before + 1
     start = time.monotonic()
     prefill_half = dep.post_generate(dep.prefill.url, prompt, 8, **pairing)
@@ -318,7 +320,7 @@ def test_decline_that_reaches_prefill_before_its_half(pd_local: PDDeployment):
     dep.wait_clean()
 
 
-def test_prompt_logprobs_fall_back_to_prefill_counted(pd_local: PDDeployment):
+def test_prompt_logprobs_fall_back_to_prefill_counted(pd_local: PDDeployment, plain_url: str):
     dep = pd_local
     prompt = _primed(dep, 700)
     before = _local(dep)["fallbacks"]["input_logprobs"]
@@ -326,13 +328,14 @@ def test_prompt_logprobs_fall_back_to_prefill_counted(pd_local: PDDeployment):
     assert prefill_half.status_code == 200 and decode_half.status_code == 200
     body = decode_half.json()
     assert body["meta_info"]["decode_prefill_path"] == "prefill"
-    assert body["output_ids"] == dep.generate(dep.plain.url, prompt, 8)["output_ids"]
+    assert body["output_ids"] == dep.generate(plain_url, prompt, 8)["output_ids"]
     assert len(prefill_half.json()["meta_info"]["input_token_logprobs"]) == len(prompt)
     assert _local(dep)["fallbacks"]["input_logprobs"] == before + 1
     dep.wait_clean()
 
 
-def test_nixl_and_the_normal_loop_decline_and_serve_locally(pd_local_nixl: PDDeployment, pd_local: PDDeployment):
+def test_nixl_and_the_normal_loop_decline_and_serve_locally(pd_local_nixl: PDDeployment, pd_local: PDDeployment,
+                                                            plain_url: str):
     dep = pd_local_nixl
     local_prompt = _primed(dep, 800)  # page 16: the uncached part is 9 + up to 15 tokens of a page
     remote_prompt = [5] + _tokens(801, 60)
@@ -340,7 +343,7 @@ def test_nixl_and_the_normal_loop_decline_and_serve_locally(pd_local_nixl: PDDep
         results = list(pool.map(lambda p: dep.generate_pd(p, 16), (local_prompt, remote_prompt)))
     assert [r[1]["meta_info"]["decode_prefill_path"] for r in results] == ["decode_local", "prefill"]
     for prompt, (_, decoded, _) in zip((local_prompt, remote_prompt), results):
-        assert_same(decoded, pd_local.generate(pd_local.plain.url, prompt, 16), f"prompt of {len(prompt)} tokens")
+        assert_same(decoded, pd_local.generate(plain_url, prompt, 16), f"prompt of {len(prompt)} tokens")
     prefill = _prefill(dep)
     assert prefill["declines"][str(results[0][2])]["computed_tokens"] == 0
     assert prefill["rooms"][str(results[1][2])]["num_pages_nixl"] > 0
@@ -362,7 +365,8 @@ def test_threshold_zero_is_todays_pd_path(pd_page1: PDDeployment):
     dep.wait_clean()
 
 
-def test_a_retract_pause_on_decode_answers_every_request_and_keeps_serving_locally(pd_local: PDDeployment):
+def test_a_retract_pause_on_decode_answers_every_request_and_keeps_serving_locally(pd_local: PDDeployment,
+                                                                                   plain_url: str):
     """SGLang's POST /pause_generation {"mode": "retract"} on decode while local and remote requests are
     in flight, then /continue_generation: SGLang rebootstraps the requests it took (prefill recomputes
     prompt + output so far); every request answers 200, equal to a plain server's. Before, each taken
@@ -387,7 +391,7 @@ def test_a_retract_pause_on_decode_answers_every_request_and_keeps_serving_local
         job["thread"].join(150)
     assert all("resp" in job for job in jobs), [job.get("error") for job in jobs]
     decoded = [job["resp"][1] for job in jobs]
-    plain = [dep.generate(dep.plain.url, p, 96)["output_ids"] for p in prompts]
+    plain = [dep.generate(plain_url, p, 96)["output_ids"] for p in prompts]
     assert [d.status_code for d in decoded] == [200] * len(prompts), [d.text for d in decoded]
     assert [d.json()["output_ids"] for d in decoded] == plain
     # The path under test ran: prefill recomputed requests the pause took, their prompt + output so far.
@@ -405,7 +409,7 @@ def test_a_retract_pause_on_decode_answers_every_request_and_keeps_serving_local
         after = list(pool.map(lambda p: dep.generate_pd(p, 16)[1], after_prompts))
     assert [d["meta_info"]["decode_prefill_path"] for d in after] == ["decode_local"] * 2
     for body, prompt in zip(after, after_prompts):
-        assert_same(body, dep.generate(dep.plain.url, prompt, 16), "after the pause")
+        assert_same(body, dep.generate(plain_url, prompt, 16), "after the pause")
     local = _local(dep)
     assert local["num_requests"] - mid["num_requests"] == 2
     stuck = {rid: r["state"] for rid, r in local["requests"].items() if r["state"] in ("queued", "extending")}

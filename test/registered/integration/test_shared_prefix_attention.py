@@ -6,7 +6,8 @@ segments, prefill's extends attended only their new queries (counters on /sglang
 /metrics), nothing fell back, and the pair ends clean (no lock, no page held). Requests aborted while
 decoding inside a group leave it, the group goes on with the others, whose outputs still equal a
 plain server's (tokens and logprobs). Power check: with the partials averaged instead of merged by their
-log-sum-exp (test fault shared_merge_average) the grouped requests' outputs differ from a plain server's."""
+log-sum-exp (test fault shared_merge_average) the grouped requests' outputs differ from a plain server's.
+The plain server is the session's (conftest's plain_url, torch_native), not one of this module's own."""
 
 import concurrent.futures as cf
 import random
@@ -31,7 +32,7 @@ GROUPED_TOKENS = 300
 
 @pytest.fixture(scope="module")
 def pd(tmp_path_factory):
-    config = DeploymentConfig(page_size=16, with_plain=True, fault_injection=True, decode_attention_backend=BACKEND_NAME,
+    config = DeploymentConfig(page_size=16, fault_injection=True, decode_attention_backend=BACKEND_NAME,
                               prefill_attention_backend=BACKEND_NAME, log_dir=tmp_path_factory.mktemp("shared_prefix"))
     with PDDeployment(config) as dep:
         yield dep
@@ -47,7 +48,7 @@ def _concurrent_pd(pd: PDDeployment, prompts: list[list[int]], lengths: list[int
         return list(pool.map(lambda p, n: pd.generate_pd(p, n)[1], prompts, lengths))
 
 
-def test_outputs_equal_a_plain_server_and_decode_reads_the_shared_prefix_once(pd: PDDeployment):
+def test_outputs_equal_a_plain_server_and_decode_reads_the_shared_prefix_once(pd: PDDeployment, plain_url: str):
     info = pd.get_json(pd.decodes[0].url, "/sglang_pd/info")
     assert "REGISTER sglang.srt.layers.attention.attention_registry.ATTENTION_BACKENDS" in info["scheduler_hooks"][0]
     rng = random.Random(17)
@@ -61,7 +62,7 @@ def test_outputs_equal_a_plain_server_and_decode_reads_the_shared_prefix_once(pd
     turn2 = [p + o["output_ids"] + _tokens(rng, 7) for p, o in zip(turn1, out1)]  # nested under turn 1
     out2 = _concurrent_pd(pd, turn2, lengths)
     for body, prompt, n in zip(out1 + out2, turn1 + turn2, lengths * 2):
-        assert_same(body, pd.generate(pd.plain.url, prompt, n), f"prompt of {len(prompt)} tokens")
+        assert_same(body, pd.generate(plain_url, prompt, n), f"prompt of {len(prompt)} tokens")
 
     shared = pd.scheduler_state(pd.decodes[0])["shared_attention"]
     print(f"decode shared attention: {shared}")
@@ -92,7 +93,7 @@ def _wait_for_step(pd: PDDeployment, want, what: str) -> dict:
     return wait_until(step_wanted, f"a decode step with {what}", poll_s=0.02)
 
 
-def test_members_aborted_mid_decode_leave_the_group_and_the_rest_equal_a_plain_server(pd: PDDeployment):
+def test_members_aborted_mid_decode_leave_the_group_and_the_rest_equal_a_plain_server(pd: PDDeployment, plain_url: str):
     rng = random.Random(29)
     system = [1] + _tokens(rng, 479)
     pd.generate_pd(system + _tokens(rng, 3), 1)
@@ -116,14 +117,14 @@ def test_members_aborted_mid_decode_leave_the_group_and_the_rest_equal_a_plain_s
             assert body["meta_info"]["finish_reason"]["type"] == "abort"
             assert len(body["output_ids"]) < GROUPED_TOKENS
         else:
-            assert_same(body, pd.generate(pd.plain.url, prompt, GROUPED_TOKENS), rid)
+            assert_same(body, pd.generate(plain_url, prompt, GROUPED_TOKENS), rid)
     shared = pd.scheduler_state(pd.decodes[0])["shared_attention"]
     assert shared["shared_attn_groups_total"] > groups_before
     assert set(shared["fallback_layer_calls"].values()) == {0}
     pd.wait_clean()
 
 
-def test_partials_averaged_instead_of_merged_change_the_grouped_outputs(pd: PDDeployment):
+def test_partials_averaged_instead_of_merged_change_the_grouped_outputs(pd: PDDeployment, plain_url: str):
     """Power check of the equality above: while shared_merge_average is armed, decode averages each
     request's segment and own partials (their weights ignored) instead of the log-sum-exp merge; the
     grouped requests' outputs then differ from a plain server's. Disarmed, the same pair equals plain again."""
@@ -146,8 +147,8 @@ def test_partials_averaged_instead_of_merged_change_the_grouped_outputs(pd: PDDe
         prompts = [system + _tokens(rng, 5 + 3 * i) for i in range(NUM_CLIENTS)]
     assert fired() - before >= NEW_TOKENS // 2, f"the requests decoded grouped while the fault was armed ({attempt + 1} tries)"
     for body, prompt in zip(broken, prompts):
-        assert_differs(body, pd.generate(pd.plain.url, prompt, NEW_TOKENS), "partials averaged")
+        assert_differs(body, pd.generate(plain_url, prompt, NEW_TOKENS), "partials averaged")
     again = [system + _tokens(rng, 6 + 3 * i) for i in range(NUM_CLIENTS)]
     for body, prompt in zip(_concurrent_pd(pd, again, [NEW_TOKENS] * NUM_CLIENTS), again):
-        assert_same(body, pd.generate(pd.plain.url, prompt, NEW_TOKENS), "after")
+        assert_same(body, pd.generate(plain_url, prompt, NEW_TOKENS), "after")
     pd.wait_clean()
