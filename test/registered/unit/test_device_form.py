@@ -21,6 +21,7 @@ def _facts(**change) -> DeviceFacts:
     ({}, "triton"),
     (dict(device="cuda:1", setting="triton"), "triton"),
     (dict(serves_extends=False, prefill_graph="breakable"), "triton"),  # extends go to another backend
+    (dict(serves_decode=False, decode_graph="full"), "triton"),  # decode goes to another backend
 ])
 def test_the_device_decides_unless_the_setting_picks(change, kernels):
     choice = choose_kernels(_facts(**change))
@@ -42,23 +43,32 @@ def test_what_the_device_cannot_run_is_refused_by_name(change, words):
     assert choice.kernels is None and words in choice.problem
 
 
+def _server_args(flags: list[str]):
+    """SGLang's own ServerArgs record from command-line `flags` (its parser, our backend registered)."""
+    import argparse
+
+    from sglang.srt.server_args import ServerArgs
+
+    from sglang_pd.models import ensure_model_dir
+    from sglang_pd.srt.hooks.attention_backend import register_backend_choice
+
+    register_backend_choice()
+    parser = argparse.ArgumentParser()
+    ServerArgs.add_cli_args(parser)
+    return ServerArgs.from_cli_args(parser.parse_args(["--model-path", str(ensure_model_dir("tiny")),
+                                                      "--skip-tokenizer-init", *flags]))
+
+
 @pytest.mark.parametrize("cpu_only", [True, False])
 def test_the_harness_asks_sglang_for_the_shared_backend_on_either_device(monkeypatch, cpu_only):
     """The harness's server flags (harness/cpu_env.py) parse with SGLang's own argument parser, and on a GPU
     machine they put our backend on decode with its graph off: SGLang's defaults there would leave it out
     silently. (This box has no GPU: the GPU branch is exercised by is_cpu_only's answer only.)"""
-    import argparse
-
-    from sglang.srt.server_args import ServerArgs
-
     from sglang_pd.harness import cpu_env
-    from sglang_pd.srt.hooks.attention_backend import BACKEND_NAME, register_backend_choice
+    from sglang_pd.srt.hooks.attention_backend import BACKEND_NAME
 
-    register_backend_choice()
     monkeypatch.setattr(cpu_env, "is_cpu_only", lambda: cpu_only)
-    parser = argparse.ArgumentParser()
-    ServerArgs.add_cli_args(parser)
-    parsed = parser.parse_args(["--model-path", "m", *cpu_env.cpu_server_args(BACKEND_NAME)])
+    parsed = _server_args(cpu_env.cpu_server_args(BACKEND_NAME))
     if cpu_only:
         assert (parsed.device, parsed.attention_backend) == ("cpu", BACKEND_NAME)
     else:
@@ -67,3 +77,36 @@ def test_the_harness_asks_sglang_for_the_shared_backend_on_either_device(monkeyp
         assert parsed.cuda_graph_backend_decode == "disabled"
         assert parsed.mem_fraction_static == float(cpu_env.GPU_MEMORY_FRACTION)  # three servers share one GPU
         assert cpu_env.cpu_server_args("torch_native") == ["--mem-fraction-static", cpu_env.GPU_MEMORY_FRACTION]
+
+
+def test_the_start_up_check_reads_what_sglangs_resolution_decided():
+    """Resolution never writes ServerArgs' fields: it declares values over them (a CUDA server's raw
+    `device` and `cuda_graph_config` stay None). The check reads the declarations, as SGLang does.
+    CPU: the harness's flags, resolved by SGLang here. CUDA (no GPU here, so resolution cannot run): the
+    harness's GPU flags, with what resolution would declare on a CUDA machine declared through SGLang's
+    own declare_resolution."""
+    from sglang.srt.arg_groups.overrides import declare_resolution
+    from sglang.srt.model_executor.cuda_graph_config import CudaGraphConfig, PhaseConfig
+
+    from sglang_pd.harness import cpu_env
+    from sglang_pd.srt.hooks.attention_backend import BACKEND_NAME, start_up_problem
+
+    cpu = _server_args(cpu_env.cpu_server_args(BACKEND_NAME))
+    cpu.resolve_once()
+    assert start_up_problem(cpu) is None
+    gpu_flags = ["--decode-attention-backend", BACKEND_NAME, "--prefill-attention-backend", "triton",
+                 "--cuda-graph-backend-decode", "disabled"]
+    for decode_graph, refused in (("disabled", False), ("full", True)):
+        gpu = _server_args(gpu_flags)
+        assert (gpu.device, gpu.cuda_graph_config) == (None, None)  # the raw fields
+        declare_resolution(gpu, "a CUDA machine's resolution", device="cuda", attention_backend="triton",
+                           cuda_graph_config=CudaGraphConfig(PhaseConfig(backend=decode_graph),
+                                                             PhaseConfig(backend="breakable")))
+        problem = start_up_problem(gpu)
+        assert (problem is not None) == refused, problem
+        if refused:
+            assert "the decode CUDA graph (full)" in problem
+    spec = _server_args([*gpu_flags, "--speculative-algorithm", "EAGLE"])
+    declare_resolution(spec, "a CUDA machine's resolution", device="cuda", attention_backend="triton",
+                       cuda_graph_config=CudaGraphConfig(PhaseConfig(backend="disabled"), PhaseConfig(backend="disabled")))
+    assert "speculative decoding" in start_up_problem(spec)

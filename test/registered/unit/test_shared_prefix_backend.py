@@ -375,3 +375,15 @@ def test_the_servers_own_process_refuses_what_its_arguments_already_tell():
     refused = ab.start_up_problem(args(device="cuda", attention_backend=ab.BACKEND_NAME,
                                        cuda_graph_config=graphs("disabled", "breakable")))
     assert "--cuda-graph-backend-prefill disabled" in refused
+    for feature, value, words in (("speculative_algorithm", "EAGLE", "speculative decoding"),
+                                  ("enable_two_batch_overlap", True, "--enable-two-batch-overlap"),
+                                  ("enable_pd_role_switch", True, "--enable-pd-role-switch"),
+                                  ("attn_dp_size", 2, "attention data parallelism")):
+        assert words in ab.start_up_problem(args(attention_backend=ab.BACKEND_NAME, **{feature: value}))
+
+
+def test_cuda_graph_entry_points_answer_or_refuse_in_words():
+    world = _world("mha", 1)
+    assert world.shared.get_cuda_graph_seq_len_fill_value() == 1
+    with pytest.raises(ValueError, match="cannot be captured in a CUDA graph"):
+        world.shared.init_cuda_graph_state(8, 8)

@@ -7,7 +7,8 @@ process may have imported it already. One run computes every case; each test ass
 (printed with -s). float32 cases: max |diff| <= 1e-5 against a float64 torch reference, SGLang's
 `decode_attention_fwd` on the same pool and whole rows, and the CPU implementation on the same plan;
 bf16 pool: <= 3e-2 against the float64 reference (the bf16 output's own rounding, ~2^-8 of values up to ~4).
-The backend cases run SGLang's decode (and one MIXED) forwards through the sglang_pd_shared_prefix backend
+The backend cases run SGLang's decode (and one MIXED: a unit check only, 0.5.23's eager runner hands
+MIXED batches to backends as EXTEND) forwards through the sglang_pd_shared_prefix backend
 built with these kernels (what a CUDA device gets; one built by the factory for a runner that says cuda)
 against SGLang's TorchNativeAttnBackend, on real SGLang pools: the backend's code path with the Triton
 kernels, on CPU tensors.

@@ -5,9 +5,9 @@
 - `cpu`: `CpuDecodeKernels` (decode_kernels.py): torch's fused CPU attention + the C own-part kernel.
 - `triton`: `TritonDecodeKernels` (triton_kernels.py): the GPU form. On CUDA it allocates per forward
   and its grid follows the batch's grouping, so no CUDA graph can replay it: the decode phase's graph
-  must be off (`--cuda-graph-backend-decode disabled`), and so must the prefill phase's when this
-  backend also serves extends (`--attention-backend sglang_pd_shared_prefix` without another
-  `--prefill-attention-backend`). On a CPU device it runs only under Triton's interpreter
+  must be off (`--cuda-graph-backend-decode disabled`) when this backend serves decode, and so must the
+  prefill phase's when it serves extends (`--attention-backend sglang_pd_shared_prefix` without another
+  `--prefill-attention-backend`). The phases are SGLang's resolved ones (serving_checks.py reads them). On a CPU device it runs only under Triton's interpreter
   (`TRITON_INTERPRET=1`: the tests' way to run the GPU form's code path here, ~1 s per layer).
 
 `SGLANG_PD_SHARED_PREFIX_KERNELS` picks: `auto` (the device's own), `cpu` or `triton`. A choice the
@@ -31,7 +31,8 @@ class DeviceFacts:
     interpreter: bool             # TRITON_INTERPRET=1 in this process's environment
     decode_graph: str | None      # the decode phase's CUDA-graph backend (None: unknown)
     prefill_graph: str | None     # the prefill phase's
-    serves_extends: bool          # this backend also runs the extend forwards (not only decode)
+    serves_extends: bool          # this backend runs the extend forwards (the resolved prefill backend)
+    serves_decode: bool = True    # this backend runs the decode forwards (the resolved decode backend)
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ def choose_kernels(facts: DeviceFacts) -> KernelChoice:
     if facts.setting == "cpu":
         return _refused(f"SGLANG_PD_SHARED_PREFIX_KERNELS=cpu on device {facts.device}: the CPU kernels read CPU "
                         "tensors only; use auto or triton")
-    if facts.decode_graph != DISABLED:
+    if facts.serves_decode and facts.decode_graph != DISABLED:
         return _refused(f"the decode CUDA graph ({facts.decode_graph}): the Triton form allocates its index and "
                         "partial buffers every forward and its grid follows the batch's grouping, so no graph can "
                         "replay it; start with --cuda-graph-backend-decode disabled")

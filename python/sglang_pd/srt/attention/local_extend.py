@@ -7,9 +7,10 @@ is O(seq_len^2) work for O(extend_len * seq_len) worth of rows: 32.9 ms against 
 for 8 requests of 16 new tokens after 430, one thread (docs/results/local_prefill/extend_attention_micro.json). On decode that time sits
 in front of the first token and holds back every decoding request; so decode's local extends use
 `offset_causal_extend` (srt/hooks/attention_backend.py), and so does every extend of a server running
-the sglang_pd_shared_prefix backend (a prefill server's too). `MixedRows` splits a mixed forward (a
-local extend inside a decode step) into its one-token rows, which that backend attends as decode rows,
-and the others (`offset_causal_extend_rows`).
+the sglang_pd_shared_prefix backend (a prefill server's too). `MixedRows` splits a MIXED forward into its
+one-token rows, which that backend attends as decode rows, and the others (`offset_causal_extend_rows`);
+SGLang 0.5.23's eager runner hands MIXED batches to backends as EXTEND off NPU / context parallelism, so
+a server's mixed local extends take the extend path whole.
 
 Same result as upstream's path for causal self-attention without sliding window or encoder tokens
 (the caller leaves the others to upstream): query i of a request attends to keys 0 .. prefix_len + i.

@@ -14,18 +14,13 @@ The backend wraps SGLang's `TorchNativeAttnBackend` (built from the same model r
   (`AttentionFallback`: sliding-window layers, cross attention, logit cap, encoder tokens, hybrid SWA
   pool, beam search), and extend layer calls that are not plain causal self-attention; idle forwards.
 
-Kernels (attention/device_form.py decides, SGLANG_PD_SHARED_PREFIX_KERNELS): CPU devices run
-`CpuDecodeKernels`, CUDA devices `TritonDecodeKernels` (attention/triton_kernels.py). The Triton form's
-numerics and this backend's forwards through it are checked on CPU tensors under Triton's interpreter
-(unit tier); no CUDA forward has run here (no GPU: docs/gpu/README.md).
-
-Refused at start-up (ValueError naming the flag or setting): a device other than CPU / CUDA, ROCm, a
-kernel setting the device cannot run, on CUDA a decode CUDA graph (and a prefill one when this backend
-serves the extends too), a torch without the fused CPU attention kernel (attention/partials.py) or no C
-compiler to build the own-part kernel (own_decode_kernel.py) for the CPU kernels, no importable triton
-for the Triton ones, torch.compile, MLA models, KV pools other than MHATokenToKVPool / SWAKVPool,
-quantised (fp8) KV, KV buffers not laid out contiguous [tokens, kv heads, head_dim] and value heads
-unlike key heads. Logic lives in srt/attention; this file stays thin.
+Kernels: CPU devices `CpuDecodeKernels`, CUDA devices `TritonDecodeKernels` (attention/device_form.py;
+checked here on CPU tensors under Triton's interpreter only, no CUDA forward has run: docs/gpu/README.md).
+A MIXED forward (one-token rows attended by the plan) reaches a backend only where SGLang keeps MIXED
+(NPU, context parallel): 0.5.23's eager runner hands it over as EXTEND elsewhere. Refused at start-up,
+in words (ValueError; the server's own process refuses first, attention/serving_checks.py): devices,
+CUDA graphs and kernel builds this backend cannot run, server features no run has taken through it,
+torch.compile, MLA, non-MHA/SWA pools, fp8 KV, unexpected KV layouts. Logic lives in srt/attention.
 """
 
 from __future__ import annotations
@@ -270,6 +265,15 @@ class SharedPrefixAttnBackend(AttentionBackend):
         out = self.decoder.attend(layer.layer_id - self.layer_ids.start, q3, pool.get_key_buffer(layer.layer_id),
                                   pool.get_value_buffer(layer.layer_id), self.plan, layer.scaling)
         return out.reshape(q3.shape[0], layer.tp_q_head_num * layer.v_head_dim)
+
+    def get_cuda_graph_seq_len_fill_value(self):
+        """Padded sequences' length when SGLang pads a batch (as its Triton backend: 1)."""
+        return 1
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
+        """Refused in words: start-up refuses every set-up that captures this backend (device_form.py)."""
+        raise ValueError(f"{BACKEND_NAME} cannot be captured in a CUDA graph: its plan and buffers change every "
+                         "forward; run its phase with --cuda-graph-backend-decode disabled")
 
     def support_triton(self):
         """SGLang's own Triton helpers for the batch (positions, cache locations) are not used: the torch

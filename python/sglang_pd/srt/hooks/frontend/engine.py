@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import sys
 
+from sglang_pd.srt.attention.serving_checks import resolved
 from sglang_pd.srt.hooks.attention_backend import start_up_problem
 from sglang_pd.srt.state import current
 
@@ -21,7 +22,7 @@ def after_set_envs_and_config(result, server_args):
     if problem is not None:
         print(f"[sglang_pd] refusing to start: {problem}", file=sys.stderr, flush=True)
         raise SystemExit(2)
-    choice = current().start_method.apply(str(server_args.device), bool(server_args.enable_memory_saver),
-                                          server_args.numa_node is not None)
+    cfg = resolved(server_args)  # resolution's declarations over the raw fields (a raw device may be None)
+    choice = current().start_method.apply(str(cfg.device), bool(cfg.enable_memory_saver), cfg.numa_node is not None)
     print(f"[sglang_pd] subprocesses start by {choice.method}: {choice.reason}", file=sys.stderr, flush=True)
     return result
