@@ -109,12 +109,6 @@ def _flag(value: str) -> bool:
     return value == "1"
 
 
-def _auto_flag(value: str) -> str:
-    if value not in ("auto", "0", "1"):
-        raise ValueError("must be auto, 0 or 1")
-    return value
-
-
 def _one_of(*choices: str) -> Callable[[str], str]:
     """A parser of one of `choices`."""
     def parse(value: str) -> str:
@@ -239,7 +233,7 @@ SETTINGS: tuple[Setting, ...] = (
             "prefill and decode: 1 checks each transferred request's KV before decode uses or caches it: prefill "
             "sends a BLAKE2b-128 digest of the KV rows it sent in the room's (signed) status, decode compares its own "
             "and fails the request on a mismatch or a missing digest; 0 off; auto (default): on when "
-            f"{PEER_SECRET_FILE} is set. Set it alike on every PD server", _auto_flag),
+            f"{PEER_SECRET_FILE} is set. Set it alike on every PD server", _one_of("auto", "0", "1")),
     Setting(PEER_AUTH_MAX_SKEW_S, "peer_auth_max_skew_s", "30",
             "seconds a signed handshake message stays acceptable (clocks of PD servers must agree within it); at "
             f"most {MAX_PEER_AUTH_SKEW_S:g}: a wider window is a longer replay window", _seconds_up_to(MAX_PEER_AUTH_SKEW_S)),
