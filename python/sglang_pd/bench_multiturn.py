@@ -80,6 +80,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="comma list of ITL targets (ms): one extra on+itl run each, plotted TTFT p50 vs ITL p50")
     p.add_argument("--local-prefill-tokens", type=int, default=64,
                    help="decode-local prefill threshold of +local configurations (uncached prompt tokens)")
+    p.add_argument("--local-balance-tokens", type=int, default=0,
+                   help="+local configurations also take requests up to this many uncached tokens when prefill's "
+                        "backlog is larger (SGLANG_PD_LOCAL_PREFILL_BALANCE_TOKENS; 0 = off)")
     p.add_argument("--local-sweep", default="",
                    help="comma list of thresholds: one extra on+local run each (0 = the on run), swept table")
     p.add_argument("--model", help="built-in model (overrides the preset's)")
@@ -120,7 +123,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     except ValueError as exc:
         p.error(f"--cpu-split: {exc}")
     try:
-        args.configs = parse_configs(args.configs, args.itl_target_ms, args.ttft_target_ms, args.local_prefill_tokens)
+        args.configs = parse_configs(args.configs, args.itl_target_ms, args.ttft_target_ms, args.local_prefill_tokens,
+                                     args.local_balance_tokens)
         args.pareto = [float(t) for t in args.pareto_itl_targets.split(",") if t.strip()]
         args.pareto_configs = [parse_configs("on+itl", t, None)[0] for t in args.pareto]
         args.sweep = [int(t) for t in args.local_sweep.split(",") if t.strip()]

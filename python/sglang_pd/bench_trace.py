@@ -74,6 +74,9 @@ def _add_run_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decode-max-total-tokens", type=int, default=DEPLOYMENT["decode_max_total_tokens"])
     p.add_argument("--local-prefill-tokens", type=int, default=64,
                    help="decode-local prefill threshold of +local configurations (uncached prompt tokens)")
+    p.add_argument("--local-balance-tokens", type=int, default=0,
+                   help="+local configurations also take requests up to this many uncached tokens when prefill's "
+                        "backlog is larger (SGLANG_PD_LOCAL_PREFILL_BALANCE_TOKENS; 0 = off)")
     p.add_argument("--transfer-backend", default="mooncake_tcp", choices=("mooncake_tcp", "nixl"))
     p.add_argument("--ttft-target-ms", type=float, help="TTFT target: requests scored on it (+reject runs with it)")
     p.add_argument("--itl-target-ms", type=float, help="ITL target: requests scored on it (+itl runs with it)")
@@ -101,7 +104,8 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.window_s = parse_window(args.window) if args.window else None
         args.scaling = TraceScaling(args.block_tokens, args.max_blocks or None, args.output_div, args.output_min,
                                     args.output_max, args.token_seed)
-        args.configs = parse_configs(args.configs, args.itl_target_ms, args.ttft_target_ms, args.local_prefill_tokens)
+        args.configs = parse_configs(args.configs, args.itl_target_ms, args.ttft_target_ms, args.local_prefill_tokens,
+                                     args.local_balance_tokens)
         args.slice = select(read_trace(args.trace), args.first, args.window_s)
     except (ValueError, OSError) as exc:  # TraceFormatError (a ValueError) names the file, line and field
         p.error(str(exc))
@@ -154,6 +158,7 @@ def build_report(args, trace: dict, runs: dict, outputs: dict, failures: dict, s
     figures = medians(runs)
     return {"machine": machine(), "trace": trace, "speedup": args.speedup,
             "deployment": _deployment_fields(args), "local_prefill_tokens": args.local_prefill_tokens,
+            "local_balance_tokens": args.local_balance_tokens,
             "slo": args.slo.describe(), "repeats": args.repeats, "request_timeout_s": args.request_timeout_s,
             "configs": [dataclasses.asdict(c) for c in args.configs], "runs": runs,
             "spread": {name: spread(rs, numeric_keys(rs[0])) for name, rs in runs.items()},

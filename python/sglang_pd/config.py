@@ -26,6 +26,7 @@ ITL_TARGET_MS = f"{PREFIX}ITL_TARGET_MS"
 TTFT_TARGET_MS = f"{PREFIX}TTFT_TARGET_MS"
 LOCAL_PREFILL_TOKENS = f"{PREFIX}LOCAL_PREFILL_TOKENS"
 LOCAL_PREFILL_STEP_TOKENS = f"{PREFIX}LOCAL_PREFILL_STEP_TOKENS"
+LOCAL_PREFILL_BALANCE_TOKENS = f"{PREFIX}LOCAL_PREFILL_BALANCE_TOKENS"
 TEST_LOGS = f"{PREFIX}TEST_LOGS"
 MOONCAKE_MAX_BATCH_DESCRIPTORS = f"{PREFIX}MOONCAKE_MAX_BATCH_DESCRIPTORS"
 PEER_SECRET_FILE = f"{PREFIX}PEER_SECRET_FILE"
@@ -203,6 +204,11 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(LOCAL_PREFILL_STEP_TOKENS, "local_prefill_step_tokens", "256",
             "decode: at most this many local-prefill tokens run between two decode steps (protects ITL); "
             f"must be >= {LOCAL_PREFILL_TOKENS}", _count(1)),
+    Setting(LOCAL_PREFILL_BALANCE_TOKENS, "local_prefill_balance_tokens", "0",
+            f"decode: a request past {LOCAL_PREFILL_TOKENS} with at most this many uncached tokens is also computed on "
+            "decode when decode would finish it first: its tokens plus those queued for local extends do not exceed the "
+            f"uncached tokens decode still waits for from prefill (0 = off; > {LOCAL_PREFILL_TOKENS}, <= {LOCAL_PREFILL_STEP_TOKENS})",
+            _count(0)),
     Setting(MOONCAKE_MAX_BATCH_DESCRIPTORS, "mooncake_max_batch_descriptors", "512",
             "mooncake: a transfer batch with more descriptors is sent as consecutive batches of at most this "
             "many (its TCP transport refuses a batch over its per-peer queue limit: ~2,048 here)", _whole),
@@ -293,6 +299,7 @@ class Settings:
     ttft_target_s: float | None = None
     local_prefill_tokens: int = 0
     local_prefill_step_tokens: int = 256
+    local_prefill_balance_tokens: int = 0
     mooncake_max_batch_descriptors: int = 512
     peer_secret_file: Path | None = None
     peer_auth_max_skew_s: float = 30.0
@@ -365,6 +372,12 @@ def _conflicts(values: dict[str, Any], env: Mapping[str, str]) -> list[str]:
     if threshold > step:
         problems.append(f"{LOCAL_PREFILL_TOKENS}={threshold} exceeds {LOCAL_PREFILL_STEP_TOKENS}={step}: a request's "
                         "uncached tokens run in one local extend, which must fit one step's budget")
+    balance = values.get("local_prefill_balance_tokens", 0)
+    if balance and not threshold:
+        problems.append(f"{LOCAL_PREFILL_BALANCE_TOKENS}={balance} needs {LOCAL_PREFILL_TOKENS} > 0: it widens decode-local prefill, which is off")
+    elif balance and not threshold < balance <= step:
+        problems.append(f"{LOCAL_PREFILL_BALANCE_TOKENS}={balance} must be > {LOCAL_PREFILL_TOKENS}={threshold} and "
+                        f"<= {LOCAL_PREFILL_STEP_TOKENS}={step}: a balanced request's tokens run in one local extend")
     return problems
 
 

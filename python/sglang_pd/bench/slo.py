@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from sglang_pd.bench.report import pyplot
 from sglang_pd.config import ITL_TARGET_MS as ITL_ENV, KV_DIGEST as DIGEST_ENV, LOCAL_PREFILL_TOKENS as LOCAL_ENV
+from sglang_pd.config import LOCAL_PREFILL_BALANCE_TOKENS as BALANCE_ENV
 from sglang_pd.config import TTFT_TARGET_MS as TTFT_ENV
 
 _FEATURES = ("itl", "reject", "shared", "shared-decode", "local", "digest")
@@ -56,8 +57,9 @@ class SloTargets:
 
 
 def parse_configs(text: str, itl_target_ms: float | None, ttft_target_ms: float | None,
-                  local_prefill_tokens: int | None = None) -> list[BenchConfig]:
-    """Configurations from `off,on,on-upstream,on+itl,...`; raises ValueError naming what is wrong or missing."""
+                  local_prefill_tokens: int | None = None, local_balance_tokens: int = 0) -> list[BenchConfig]:
+    """Configurations from `off,on,on-upstream,on+itl,...`; raises ValueError naming what is wrong or missing.
+    `local_balance_tokens` > 0: +local configurations also run decode-local prefill's balance rule."""
     configs = []
     for name in [n.strip() for n in text.split(",") if n.strip()]:
         base, *features = name.split("+")
@@ -82,6 +84,8 @@ def parse_configs(text: str, itl_target_ms: float | None, ttft_target_ms: float 
                 raise ValueError(f"configuration {name!r} needs the decode radix cache (on) and "
                                  "--local-prefill-tokens > 0")
             env.append((LOCAL_ENV, str(local_prefill_tokens)))
+            if local_balance_tokens:
+                env.append((BALANCE_ENV, str(local_balance_tokens)))
         if "digest" in features:
             env.append((DIGEST_ENV, "1"))
         if "shared" in features and "shared-decode" in features:

@@ -69,6 +69,53 @@ def test_settings_refuse_a_threshold_over_the_step_budget():
         LocalPrefill(64, 32, PDCounters())
 
 
+def test_balance_rule_takes_a_longer_request_only_while_prefill_has_more_ahead():
+    counters = PDCounters()
+    lp = LocalPrefill(16, 64, counters, balance_tokens=48)
+    prompt = list(range(1, 101))
+    # 40 uncached: past the threshold 16, within the balance limit 48
+    assert lp.decide(make_req("idle", prompt), 60).local is False                      # prefill has nothing ahead
+    got = lp.decide(make_req("busy", prompt), 60, prefill_backlog=40)
+    assert (got.local, got.balanced) == (True, True)
+    assert lp.decide(make_req("long", prompt), 40, prefill_backlog=1000).local is False  # 60 > balance limit
+    assert lp.decide(make_req("short", prompt), 90).balanced is False                   # within the threshold
+    lp.enqueue(_req("queued"), 80, 20)                 # decode's own backlog counts against it: 20 + 40 > 50
+    assert lp.decide(make_req("behind", prompt), 60, prefill_backlog=50).local is False
+    assert lp.decide(make_req("ahead", prompt), 60, prefill_backlog=60).local is True
+    # requests this admission round handed to prefill are not in SGLang's transfer queue yet: counted here
+    lp.start_round()
+    lp.note_prefill_handoff(70)
+    assert lp.decide(make_req("round", prompt), 60).local is True
+    lp.start_round()
+    assert lp.decide(make_req("next", prompt), 60).local is False
+    assert counters.get("local_prefill_balanced_total") == 3
+    off = LocalPrefill(16, 64, PDCounters())
+    assert off.decide(make_req("off", prompt), 60, prefill_backlog=10_000).local is False
+    with pytest.raises(ValueError):
+        LocalPrefill(16, 64, PDCounters(), balance_tokens=96)  # over the step budget: one extend must hold it
+
+
+def test_balance_backlog_is_the_uncached_part_sglang_waits_for():
+    from sglang_pd.srt.local_prefill import uncached_awaited
+
+    plain = make_req("a", list(range(1, 101)))
+    hit = make_req("b", list(range(1, 101)))
+    hit.customized_info = {"decode_prefix_len": [64]}
+    assert uncached_awaited([plain, hit]) == 100 + 36 and uncached_awaited([]) == 0
+
+
+def test_settings_refuse_a_balance_limit_without_local_prefill_or_outside_its_bounds():
+    from sglang_pd.config import problems
+
+    base = {"SGLANG_PD_LOCAL_PREFILL_TOKENS": "64"}
+    assert problems({**base, "SGLANG_PD_LOCAL_PREFILL_BALANCE_TOKENS": "256"}) == []
+    msgs = problems({"SGLANG_PD_LOCAL_PREFILL_BALANCE_TOKENS": "256"})
+    assert len(msgs) == 1 and "needs SGLANG_PD_LOCAL_PREFILL_TOKENS > 0" in msgs[0]
+    for balance in ("64", "512"):  # not above the threshold; over the step budget 256
+        msgs = problems({**base, "SGLANG_PD_LOCAL_PREFILL_BALANCE_TOKENS": balance})
+        assert len(msgs) == 1 and f"SGLANG_PD_LOCAL_PREFILL_BALANCE_TOKENS={balance} must be >" in msgs[0], msgs
+
+
 # ---- queue, states, budget ----------------------------------------------------------------------------
 def _req(rid):
     return SimpleNamespace(rid=rid)
@@ -411,6 +458,29 @@ def test_a_decline_that_cannot_be_sent_leaves_the_request_on_the_pd_path(world, 
     assert world.state.hook_errors == {"send_decline": 1}
     assert world.state.lock_ledger.owners() == {"unsent": 1}
     release_kv_cache(req, world.tree, checkpoint=False)  # as the PD path's exit would
+    assert world.clean()
+
+
+def test_the_balance_rule_through_the_hook_reads_sglangs_transfer_queue(world, zmq_pair):
+    """Past the threshold, a request is local only while prefill's backlog, as the hook reads it from the
+    transfer queue's requests (their uncached part), is at least its own uncached tokens."""
+    from sglang_pd.srt.hooks.scheduling.decode_handoff import _prefill_backlog, _serve_locally
+    from sglang_pd.srt.hooks.scheduling.decode_scheduler import release_local
+
+    push, _ = zmq_pair
+    world.state.local_prefill = LocalPrefill(2, 64, world.state.counters, balance_tokens=8)
+    req, prefix_len = _admitted_request(world, "balanced", 7003)  # 4 uncached: past 2, within 8
+    waiting = make_req("waiting", list(range(1, 11)))
+    waiting.customized_info = {"decode_prefix_len": [7]}  # 3 uncached tokens prefill still computes
+    idle = SimpleNamespace(transfer_queue=SimpleNamespace(queue=[SimpleNamespace(req=waiting)]))
+    assert _prefill_backlog(idle) == 3
+    decode_req = SimpleNamespace(req=req, kv_receiver=_Receiver(push), is_rebootstrap=False)
+    assert _serve_locally(decode_req, prefix_len, _prefill_backlog(idle)) is False  # 4 > 3: prefill first
+    waiting.customized_info = None  # all 10 of its tokens are still ahead at prefill
+    assert _serve_locally(decode_req, prefix_len, _prefill_backlog(idle)) is True
+    assert world.state.local_prefill.snapshot()["num_balanced"] == 1
+    (taken,) = world.state.local_prefill.abort(lambda rid: rid == "balanced", lambda r: "held")
+    release_local(SimpleNamespace(tree_cache=world.tree), taken)
     assert world.clean()
 
 

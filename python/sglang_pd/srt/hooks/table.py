@@ -133,7 +133,7 @@ HOOK_TABLE: tuple[HookSpec, ...] = (
           "decode admission through DecodePrefixAdmission: match, page-align, lock with owner, plan"),
          ("_send_kv_metadata", "AROUND", decode_handoff.around_send_kv_metadata, "decode_handoff.py: decode-local "
           "prefill decided after match + lock + prealloc, before prefill hears of the request (local: decline sent, "
-          "request queued); else decode_prefix_len and pages checked against the plan; tests only: faults bend "
+          "request queued; the balance rule reads the uncached tokens of self.transfer_queue.queue); else decode_prefix_len and pages checked against the plan; tests only: faults bend "
           "decode_prefix_len (prefix_unaligned, prefix_exceeds, prefix_page_ahead)"),
          ("_pre_alloc", "AROUND", decode_prealloc_queue.around_pre_alloc, "a resumed retracted request re-matches "
           "and locks the tree; only the uncached rest is allocated"),

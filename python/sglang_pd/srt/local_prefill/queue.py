@@ -81,18 +81,22 @@ class LocalRecord:
 class LocalPrefill:
     """The decode scheduler's local-prefill queue, its one in-flight extend, and their records.
 
-    Mutating: `decide`, `count_fallback`, `enqueue`, `plan_extend`, `bind_extend`, `join_extend`, `abort`,
+    Mutating: `decide`, `count_fallback`, `start_round`, `note_prefill_handoff`, `enqueue`, `plan_extend`, `bind_extend`, `join_extend`, `abort`,
     `fail`, `retract_extend`, `on_decode_turn`, `mixed_with`. Read-only: `enabled`, `holds`, `is_extend_batch`,
     `extend_in_flight`, `mixed_decoding_reqs`, `num_extend_tokens`, `num_pending`, `queued_records`, `record`,
     `rid_is_live`, `snapshot`. Scheduler thread only. Counts into `counters`.
     """
 
     def __init__(self, threshold: int, step_tokens: int, counters: PDCounters, max_records: int = 4096,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic, balance_tokens: int = 0):
         if threshold < 0 or step_tokens < 1 or threshold > step_tokens:
             raise ValueError(f"need 0 <= threshold <= step_tokens, step_tokens >= 1; got {threshold}, {step_tokens}")
+        if balance_tokens and not threshold < balance_tokens <= step_tokens:
+            raise ValueError(f"need threshold < balance_tokens <= step_tokens (or balance_tokens 0); got "
+                             f"{threshold}, {balance_tokens}, {step_tokens}")
         self.threshold = threshold
         self.step_tokens = step_tokens
+        self.balance_tokens = balance_tokens
         self.counters = counters
         self.max_records = max_records
         self._clock = clock
@@ -102,6 +106,7 @@ class LocalPrefill:
         self._extending: list[LocalRecord] = []
         self._mixed_reqs: list[Any] = []
         self._extended_since_decode = False
+        self._round_prefill_tokens = 0  # uncached tokens handed to prefill in this admission round (balance rule)
 
     @property
     def enabled(self) -> bool:
@@ -110,14 +115,33 @@ class LocalPrefill:
 
     # ---- decision --------------------------------------------------------------------------------
     def decide(self, req: Any, decode_prefix_len: int, kind: RequestKind = RequestKind.NORMAL,
-               is_rebootstrap: bool = False) -> LocalDecision:
-        """decision.decide with this queue's threshold and whether `req.rid` is live here; counts a
-        fallback by its reason."""
+               is_rebootstrap: bool = False, prefill_backlog: int = 0) -> LocalDecision:
+        """decision.decide with this queue's threshold, balance limit and backlog (tokens queued or
+        extending here) and whether `req.rid` is live here; counts a fallback by its reason, and a request
+        taken through the balance rule (`local_prefill_balanced_total`). `prefill_backlog`: the uncached
+        tokens decode waits for from prefill (the caller reads them from SGLang's transfer queue)."""
         decision = decide(self.threshold, req, decode_prefix_len, kind=kind, is_rebootstrap=is_rebootstrap,
-                          rid_is_live=self.rid_is_live(req.rid))
+                          rid_is_live=self.rid_is_live(req.rid), balance_tokens=self.balance_tokens,
+                          prefill_backlog=prefill_backlog + self._round_prefill_tokens,
+                          local_backlog=self.local_backlog())
         if decision.fallback is not None:
             self.counters.add(f"local_prefill_fallback_{decision.fallback.value}_total")
+        if decision.local and decision.balanced:
+            self.counters.add("local_prefill_balanced_total")
         return decision
+
+    def start_round(self) -> None:
+        """An admission round begins: requests it hands to prefill are not in SGLang's transfer queue until it
+        ends, so the balance rule counts them here (`note_prefill_handoff`) from zero."""
+        self._round_prefill_tokens = 0
+
+    def note_prefill_handoff(self, num_uncached: int) -> None:
+        """A request of this round went to prefill with `num_uncached` tokens to compute."""
+        self._round_prefill_tokens += max(0, num_uncached)
+
+    def local_backlog(self) -> int:
+        """Uncached tokens of the requests queued here or in the extend under way."""
+        return sum(r.num_uncached for r in self._queue) + sum(r.num_uncached for r in self._extending)
 
     def count_fallback(self, reason: LocalFallback) -> None:
         """A request decided local goes to prefill after all (e.g. the decline could not be sent)."""
@@ -306,8 +330,9 @@ class LocalPrefill:
         count = lambda name: int(self.counters.get(name))  # noqa: E731
         recent = list(self._records.values())[-max_recent:]
         return {
-            "threshold": self.threshold, "step_tokens": self.step_tokens,
+            "threshold": self.threshold, "step_tokens": self.step_tokens, "balance_tokens": self.balance_tokens,
             "num_requests": count("local_prefill_requests_total"), "num_tokens": count("local_prefill_tokens_total"),
+            "num_balanced": count("local_prefill_balanced_total"),
             "num_extends": count("local_prefill_extends_total"),
             "num_mixed_extends": count("local_prefill_mixed_extends_total"),
             "num_aborted": count("local_prefill_aborted_total"),

@@ -48,6 +48,8 @@ METRICS: dict[str, tuple[str, str]] = {
     # decode-local prefill (srt/local_prefill/queue.py), decode side
     "local_prefill_requests_total": ("counter", "requests decode computed itself (decode-local prefill; prefill declined)"),
     "local_prefill_tokens_total": ("counter", "prompt tokens decode-local prefill computed (local extend forwards)"),
+    "local_prefill_balanced_total": (
+        "counter", "local requests past the threshold taken because prefill's backlog was larger (the balance rule)"),
     "local_prefill_extends_total": ("counter", "local extend forwards run on decode"),
     "local_prefill_mixed_extends_total": (
         "counter", "local extends run inside a decode step (one mixed forward with the running requests)"),

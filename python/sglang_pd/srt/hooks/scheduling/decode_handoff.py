@@ -19,7 +19,7 @@ from sglang_pd.srt.admission import mark_declined
 from sglang_pd.srt.fault_injection import Fault
 from sglang_pd.srt.wire import DeclineNotice
 from sglang_pd.srt.handshake import send_decline
-from sglang_pd.srt.local_prefill import LocalFallback, LocalDecision
+from sglang_pd.srt.local_prefill import LocalFallback, LocalDecision, uncached_awaited
 from sglang_pd.srt.mem_cache import RequestKind, bytes_per_page, kv_to_page_num, request_kind
 from sglang_pd.srt.metrics import PATH_DECODE_LOCAL, attach_request_fields
 from sglang_pd.srt.state import current
@@ -44,7 +44,7 @@ def around_send_kv_metadata(original, queue, decode_req, kv_indices, page_size, 
     state = current()
     req = decode_req.req
     decode_prefix_len = int(metadata_kwargs.get("decode_prefix_len") or 0)
-    if state.local_prefill.enabled and _serve_locally(decode_req, decode_prefix_len):
+    if state.local_prefill.enabled and _serve_locally(decode_req, decode_prefix_len, _prefill_backlog(queue)):
         return None
     num_pages = kv_to_page_num(len(kv_indices), page_size)
     try:
@@ -73,13 +73,26 @@ def around_send_kv_metadata(original, queue, decode_req, kv_indices, page_size, 
     prompt = req.build_rebootstrap_payload()["input_ids"] if decode_req.is_rebootstrap else req.origin_input_ids
     with state.peer_guard.outgoing.sending(int(req.bootstrap_room), prompt):
         result = original(queue, decode_req, kv_indices, page_size, state_indices, **metadata_kwargs)
+    state.local_prefill.note_prefill_handoff(len(prompt) - decode_prefix_len)
     if state.faults.take(Fault.TRANSFER_FAIL, int(req.bootstrap_room)):
         _fail_transfer(decode_req)
     return result
 
 
 # ---- decode-local prefill (decided by local_prefill/decision.py) ------------------------------------
-def _serve_locally(decode_req, decode_prefix_len: int) -> bool:
+def _prefill_backlog(queue) -> int:
+    """The balance rule's view of prefill's backlog: SGLang's transfer queue (0 when the rule is off)."""
+    state = current()
+    if not state.local_prefill.balance_tokens:
+        return 0
+    try:
+        return uncached_awaited(r.req for r in queue.transfer_queue.queue)
+    except Exception:  # counted and logged; the threshold alone then decides
+        state.hook_failed("local_prefill_backlog", "reading prefill's backlog from the transfer queue failed")
+        return 0
+
+
+def _serve_locally(decode_req, decode_prefix_len: int, prefill_backlog: int = 0) -> bool:
     """Decide local vs PD for an admitted, locked, preallocated request; if local, decline it to prefill
     and queue it for a local extend. True when the request is now decode's (the caller sends nothing).
 
@@ -89,7 +102,8 @@ def _serve_locally(decode_req, decode_prefix_len: int) -> bool:
     state = current()
     req = decode_req.req
     try:
-        decision = state.local_prefill.decide(req, decode_prefix_len, request_kind(req), decode_req.is_rebootstrap)
+        decision = state.local_prefill.decide(req, decode_prefix_len, request_kind(req), decode_req.is_rebootstrap,
+                                              prefill_backlog=prefill_backlog)
     except Exception:
         state.hook_failed("local_prefill_decide", "deciding decode-local prefill for %s failed; it goes to prefill",
                           req.rid)

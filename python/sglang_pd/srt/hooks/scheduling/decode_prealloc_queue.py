@@ -75,6 +75,7 @@ def _round_applies(queue, rids_to_check) -> bool:
 def around_pop_preallocated(original, queue, rids_to_check=None, pp_good_rids=None, pp_bad_rids=None):
     """Run SGLang's loop as one admission round; release what the loop did not take. Requests the
     loop handed to decode-local prefill are not returned (they must not reach the transfer queue)."""
+    current().local_prefill.start_round()
     if not _round_applies(queue, rids_to_check):
         preallocated, failed = original(queue, rids_to_check, pp_good_rids, pp_bad_rids)
     else:
