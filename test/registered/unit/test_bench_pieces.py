@@ -72,6 +72,10 @@ def test_local_prefill_configs_rows_gains_and_sweep_table():
 
     (local,) = parse_configs("on+local", None, None, local_prefill_tokens=64)
     assert local.decode_radix and dict(local.env) == {"SGLANG_PD_LOCAL_PREFILL_TOKENS": "64"}
+    on, balanced = parse_configs("on,on+shared-decode+local", None, None, local_prefill_tokens=128,
+                                 local_balance_tokens=256)
+    assert on.env == () and dict(balanced.env) == {"SGLANG_PD_LOCAL_PREFILL_TOKENS": "128",
+                                                   "SGLANG_PD_LOCAL_PREFILL_BALANCE_TOKENS": "256"}
     for bad in ("off+local", "on+local"):
         with pytest.raises(ValueError, match="--local-prefill-tokens > 0"):
             parse_configs(bad, None, None, local_prefill_tokens=0 if bad == "on+local" else 64)
