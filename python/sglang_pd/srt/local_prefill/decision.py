@@ -25,6 +25,7 @@ import enum
 from typing import Any, NamedTuple
 
 from sglang_pd.srt.mem_cache import RequestKind
+from sglang_pd.srt.metrics import recorded_decode_prefix_len
 
 
 class LocalFallback(str, enum.Enum):
@@ -78,11 +79,7 @@ def uncached_awaited(reqs: Any) -> int:
     """Prefill's backlog as decode sees it: the uncached prompt tokens of `reqs` (the requests whose transfer
     info went to prefill and whose KV has not arrived), each its prompt minus the `decode_prefix_len` the
     hand-off recorded in `customized_info` (the whole prompt when none was recorded)."""
-    total = 0
-    for req in reqs:
-        prefix = ((getattr(req, "customized_info", None) or {}).get("decode_prefix_len") or [0])[0]
-        total += max(0, len(req.origin_input_ids) - int(prefix))
-    return total
+    return sum(max(0, len(req.origin_input_ids) - recorded_decode_prefix_len(req)) for req in reqs)
 
 
 def decide(threshold: int, req: Any, decode_prefix_len: int, *, kind: RequestKind = RequestKind.NORMAL,

@@ -31,6 +31,11 @@ def attach_request_fields(req, decode_prefix_len: int, num_pages: int, num_bytes
     req.customized_info = info
 
 
+def recorded_decode_prefix_len(req) -> int:
+    """The decode_prefix_len `attach_request_fields` stored on `req` at its hand-off (0 when none was)."""
+    return int(((getattr(req, "customized_info", None) or {}).get(FIELDS[0]) or [0])[0])
+
+
 def unwrap_request_fields(meta_info: dict) -> None:
     """Turn SGLang's accumulated one-element list of each of our fields into a plain number (mutates)."""
     for key in FIELDS:

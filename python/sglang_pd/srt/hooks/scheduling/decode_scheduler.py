@@ -17,6 +17,7 @@ import time
 from http import HTTPStatus
 
 from sglang_pd.srt.mem_cache import request_kv_len as kv_len
+from sglang_pd.srt.metrics import recorded_decode_prefix_len
 from sglang_pd.srt.state import current
 
 logger = logging.getLogger(__name__)
@@ -110,7 +111,7 @@ def _corrupt_arrived_pages(scheduler) -> None:
     for req in scheduler.waiting_queue:
         if req.bootstrap_room is None or not faults.take(Fault.KV_PAGE_CORRUPT, int(req.bootstrap_room)):
             continue
-        start = (req.customized_info or {}).get("decode_prefix_len", [0])[0]
+        start = recorded_decode_prefix_len(req)
         slots = scheduler.req_to_token_pool.req_to_token[req.kv.req_pool_idx, start:start + page]
         overwrite_with_noise(scheduler.token_to_kv_pool_allocator.get_kvcache(), slots.long(), int(req.bootstrap_room))
 
